@@ -1,0 +1,53 @@
+"""Python-only entry points of the agent, wired to C++ functions of _memplan (no logic here).
+
+Some PyTorch hooks exist only for Python: the default saved-tensor hooks and the backward call
+that marks a step boundary. This module registers C++ functions for them and steps aside for
+code that refuses saved-tensor hooks (torch.func transforms)."""
+import atexit
+import contextlib
+import functools
+import os
+
+
+def install(torch, agent):
+    if not agent.boot():
+        return
+    pack, unpack = agent.pack, agent.unpack
+    torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+    def _boundary(fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            agent.backward_begin()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                agent.backward_end()
+
+        return wrapped
+
+    torch.autograd.backward = _boundary(torch.autograd.backward)
+    torch.autograd.grad = _boundary(torch.autograd.grad)
+
+    # torch.func transforms use disable_saved_tensors_hooks, which raises while any default hooks
+    # are on the stack: take ours off for the duration when they are on top (design.md 3b.13).
+    real_disable = torch.autograd.graph.disable_saved_tensors_hooks
+
+    @contextlib.contextmanager
+    def disable_saved_tensors_hooks(error_message):
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        stepped = top is not None and top[0] is pack
+        if stepped:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        try:
+            with real_disable(error_message):
+                yield
+        finally:
+            if stepped:
+                torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+    functools.update_wrapper(disable_saved_tensors_hooks, real_disable)
+    torch.autograd.graph.disable_saved_tensors_hooks = disable_saved_tensors_hooks
+
+    os.register_at_fork(after_in_child=agent.on_fork_child)
+    atexit.register(agent.finish)

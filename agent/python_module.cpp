@@ -1,0 +1,25 @@
+// _memplan: the Python face of the agent. Only bindings here: each function forwards to Agent.
+#include <torch/csrc/utils/pybind.h>
+
+#include "agent/agent.h"
+
+namespace py = pybind11;
+using memplan::Agent;
+using memplan::Saved;
+
+PYBIND11_MODULE(_memplan, m) {
+  m.doc() = "memplan agent (loaded by boot/sitecustomize.py; not a public API)";
+  py::class_<Saved>(m, "Saved");
+  m.def("boot", [] { return Agent::get().boot(); });
+  // The default saved-tensor hooks: called from autograd kernels with the GIL held.
+  m.def("pack", [](const at::Tensor& t) { return Agent::get().pack(t); });
+  m.def("unpack", [](const Saved& s) { return Agent::get().unpack(s); });
+  m.def("backward_begin", [] { Agent::get().backward_begin(); });
+  m.def("backward_end", [] { Agent::get().backward_end(); });
+  m.def("finish", [] { Agent::get().finish(); });
+  m.def("on_fork_child", [] { Agent::get().fork_child(); });
+  m.def("phase", [] { return std::string(memplan::to_string(Agent::get().phase())); });
+  m.def("steps", [] { return Agent::get().steps_seen(); });
+  m.def("profile_path", [] { return Agent::get().profile_path(); });
+  m.def("trace_path", [] { return Agent::get().trace_path(); });
+}

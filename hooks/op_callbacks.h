@@ -1,0 +1,38 @@
+// RecordFunction interposition: registers one global callback and forwards top-level autograd
+// ops (seqNr >= 0, depth 0 on this thread) and backward nodes to a sink. No decisions here.
+#pragma once
+
+#include <ATen/record_function.h>
+
+namespace memplan {
+
+class OpSink {
+ public:
+  virtual ~OpSink() = default;
+  virtual void op_start(const at::RecordFunction& fn) = 0;  // inputs() valid only here
+  virtual void op_end(const at::RecordFunction& fn) = 0;
+  virtual void node_start(const at::RecordFunction& fn) = 0;
+  virtual void node_end(const at::RecordFunction& fn) = 0;
+};
+
+struct CallbackNeeds {
+  bool inputs = false;   // boxes every argument of every op: only while recording
+  bool outputs = false;
+};
+
+// (Re)installs the callback with the given needs; replaces a previous installation.
+void install_op_callbacks(OpSink* sink, CallbackNeeds needs);
+void remove_op_callbacks();
+
+// Thread-local guard: while alive, this thread's ops are invisible to the sink (the agent's own
+// work: recompute, copies). Cost: one TLS increment.
+class AgentScope {
+ public:
+  AgentScope();
+  ~AgentScope();
+  AgentScope(const AgentScope&) = delete;
+  AgentScope& operator=(const AgentScope&) = delete;
+  static bool active();
+};
+
+}  // namespace memplan

@@ -1,0 +1,32 @@
+// Memory budgets: absolute bytes (a cap on everything allocated during the step, baseline
+// included) or a percentage of the un-planned step's activation memory (peak - baseline), as
+// torch.compile's activation_memory_budget counts it: abs = baseline + pct/100 * (peak - baseline).
+// Same fields as memplan::Budget in agent/options.h (kept separate to avoid an ODR clash until the
+// lead unifies the two parsers).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "profiler/profile.h"
+
+namespace memplan::planner {
+
+struct Budget {
+  enum class Kind { None, Bytes, Percent } kind = Kind::None;
+  int64_t bytes = 0;   // Kind::Bytes
+  double percent = 0;  // Kind::Percent, e.g. 50 for 50%
+};
+
+// "300MiB", "1.5GB", "123456", "50%": units B, KiB/MiB/GiB/TiB, K/M/G/T (1024), KB/MB/GB/TB
+// (1000), case-insensitive. False and a message naming what is accepted otherwise.
+bool parse_budget_arg(const std::string& text, Budget* out, std::string* error);
+
+// Absolute bytes for this profile (None: the un-planned peak, i.e. no limit).
+int64_t budget_bytes(const Budget& b, const Profile& p);
+// `bytes` as a percentage of the profile's activation memory (100 if there is none).
+double activation_percent(int64_t bytes, const Profile& p);
+// "12.3 MiB"
+std::string format_bytes(int64_t bytes);
+
+}  // namespace memplan::planner

@@ -1,0 +1,51 @@
+// The planner's view of one profiled step: what each forward op reads and produces, when each
+// value dies in the un-planned run, and which values may be evicted. Derived once from a Profile;
+// every later stage (blocks, ILP, plan builder, simulator) reads this instead of the raw profile.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "profiler/profile.h"
+
+namespace memplan::planner {
+
+// One distinct input of a forward op: the value and the op whose output tensor it read. `src` is
+// the value's producer, or a later view/in-place op that re-exposed the same storage (rerunning
+// the consumer then needs that op rerun too, to rebuild the tensor object), or -1 if the tensor
+// existed before the step.
+struct Dep {
+  int64_t value = -1;
+  int64_t src = -1;
+};
+
+// Timeline positions: forward op i is position i, backward node j is position n_fwd + j. A value
+// "ends" at a position: it is alive during it and freed right after.
+struct Graph {
+  const Profile* prof = nullptr;
+  int64_t n_fwd = 0, n_bwd = 0;
+  std::vector<char> persistent;         // per value: existed before the step (no producer)
+  std::vector<char> evictable;          // per value: dropping autograd's hold frees its bytes
+  std::vector<int64_t> last_fwd_use;    // per value: last forward op touching it (>= producer)
+  std::vector<int64_t> first_unpack;    // per value: first backward node unpacking it, -1 if none
+  std::vector<int64_t> last_unpack;     // per value: last ..., -1 if none
+  std::vector<int64_t> natural_end;     // per value: position where the un-planned run frees it
+  std::vector<std::vector<int64_t>> produces;  // per fwd op: values it created
+  std::vector<std::vector<Dep>> deps;   // per fwd op: distinct inputs
+  std::vector<int64_t> out_bytes;       // per fwd op: bytes of the values it created
+  std::vector<int64_t> workspace;       // per fwd op: peak - max(live_before, live_after)
+  std::vector<int64_t> bwd_workspace;   // per bwd node: same
+  double fwd_time_us = 0, bwd_time_us = 0;  // sums of op / node times
+  double step_time_us = 0;              // measured step time (forward_us + backward_us, or sums)
+
+  int64_t end_pos() const { return n_fwd + n_bwd; }
+  int64_t bytes(int64_t v) const { return prof->values[v].bytes; }
+  int64_t producer(int64_t v) const { return prof->values[v].producer; }
+};
+
+// Checks what the planner relies on beyond validate_profile (orders, links between ops and
+// values) and fills `g`. False and one line in `error` when the profile is inconsistent.
+bool build_graph(const Profile& p, Graph* g, std::string* error);
+
+}  // namespace memplan::planner

@@ -1,0 +1,158 @@
+#include "planner/plan_builder.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace memplan::planner {
+
+namespace {
+
+struct Builder {
+  const Graph& g;
+  std::vector<char> evicted, checkpoint, kept;
+  std::vector<int64_t> hold_until, last_read, keep_point;
+
+  explicit Builder(const Graph& graph) : g(graph) {
+    const size_t nv = g.prof->values.size();
+    evicted.assign(nv, 0);
+    checkpoint.assign(nv, 0);
+    kept.assign(nv, 0);
+    hold_until.assign(nv, -1);
+    last_read.assign(nv, -1);
+    keep_point.assign(nv, -1);
+  }
+
+  // Is u usable by the action before node j without rerunning its producer? Records why.
+  bool available(int64_t u, int64_t j) {
+    if (g.persistent[u]) return true;
+    if (kept[u]) {
+      last_read[u] = std::max(last_read[u], j);
+      return true;
+    }
+    if (evicted[u]) return false;
+    if (g.natural_end[u] >= g.n_fwd + j) return true;
+    if (checkpoint[u]) {
+      hold_until[u] = std::max(hold_until[u], j);
+      return true;
+    }
+    return false;
+  }
+
+  void add_op(int64_t o, int64_t j, std::set<int64_t>* ops) {
+    if (!ops->insert(o).second) return;
+    for (const Dep& d : g.deps[o]) {
+      if (d.src >= 0 && d.src != g.producer(d.value)) {
+        add_op(d.src, j, ops);  // re-expose the view / in-place result the op read
+      } else if (!available(d.value, j)) {
+        add_op(g.producer(d.value), j, ops);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void build_actions(const Graph& g, const std::vector<Block>& blocks,
+                   const std::vector<BlockMenu>& menus, const std::vector<Sweep>& sweeps,
+                   Plan* plan) {
+  Builder B(g);
+  const size_t L = blocks.size();
+  auto option = [&](size_t i, int k) -> const BlockOption& {
+    return menus[blocks[i].shape_id].options[k];
+  };
+  std::vector<int64_t> owner(g.prof->values.size(), -1);
+  for (size_t i = 0; i < L; ++i) {
+    for (int64_t v : blocks[i].cand) owner[v] = static_cast<int64_t>(i);
+    if (blocks[i].input >= 0) owner[blocks[i].input] = static_cast<int64_t>(i);
+  }
+
+  // The user's forward (sweep 0): what each block evicts, which inputs are checkpoints.
+  plan->schedule.assign(L, {});
+  for (size_t i = 0; i < L; ++i) plan->schedule[i] = {blocks[i].first, blocks[i].last, Mode::Fe, 0};
+  if (!sweeps.empty()) {
+    for (const SweepStep& s : sweeps[0].steps) {
+      const Block& b = blocks[s.block];
+      plan->schedule[s.block].mode = s.mode;
+      plan->schedule[s.block].option = s.option;
+      for (size_t c = 0; c < b.cand.size(); ++c)
+        if (s.mode != Mode::Fe || option(s.block, s.option).evict[c]) B.evicted[b.cand[c]] = 1;
+      if (b.input >= 0) {
+        if (s.mode == Mode::Fn)
+          B.evicted[b.input] = g.evictable[b.input];
+        else
+          B.checkpoint[b.input] = 1;
+      }
+    }
+  }
+
+  // Targets of each recompute point (a backward node index).
+  std::map<int64_t, std::vector<int64_t>> targets;
+  for (size_t s = 1; s < sweeps.size(); ++s) {
+    const Sweep& sw = sweeps[s];
+    auto& t = targets[blocks[sw.last].anchor];
+    for (const SweepStep& st : sw.steps) {
+      const Block& b = blocks[st.block];
+      if (st.mode == Mode::Fn) continue;
+      if (st.block > sw.first && b.input >= 0) t.push_back(b.input);
+      if (st.mode == Mode::Fe)
+        for (size_t c = 0; c < b.cand.size(); ++c)
+          if (!option(st.block, st.option).evict[c]) t.push_back(b.cand[c]);
+    }
+  }
+  for (size_t v = 0; v < B.evicted.size(); ++v) {
+    if (!B.evicted[v]) continue;
+    int64_t at = g.first_unpack[v];
+    if (owner[v] >= 0) at = std::min(at, blocks[owner[v]].anchor);
+    targets[at].push_back(static_cast<int64_t>(v));
+  }
+
+  for (auto& [j, want] : targets) {
+    std::set<int64_t> ops;
+    std::vector<int64_t> keep;
+    for (int64_t v : want) {
+      if (std::find(keep.begin(), keep.end(), v) != keep.end() || B.available(v, j)) continue;
+      B.add_op(g.producer(v), j, &ops);
+      keep.push_back(v);
+    }
+    if (ops.empty()) continue;
+    for (int64_t v : keep) {
+      B.kept[v] = 1;
+      B.keep_point[v] = j;
+    }
+    std::sort(keep.begin(), keep.end());
+    plan->recomputes.push_back({j, std::vector<int64_t>(ops.begin(), ops.end()), keep});
+  }
+
+  // Releases. A kept value autograd still unpacks later is freed by autograd after its last
+  // unpack; otherwise (a checkpoint, or read by a recompute after that) the agent drops it after
+  // its last reader. A kept value nobody reads or unpacks is not kept at all.
+  for (Recompute& r : plan->recomputes) {
+    std::vector<int64_t> keep;
+    for (int64_t v : r.keep) {
+      const bool unpacked_later = g.last_unpack[v] >= r.before_bwd;
+      if (!unpacked_later && B.last_read[v] < 0) {
+        B.kept[v] = 0;
+        continue;
+      }
+      keep.push_back(v);
+      if (B.last_read[v] >= 0 && (!unpacked_later || B.last_read[v] > g.last_unpack[v]))
+        plan->releases.push_back({v, B.last_read[v]});
+    }
+    r.keep.swap(keep);
+  }
+  for (size_t v = 0; v < B.hold_until.size(); ++v) {
+    if (B.hold_until[v] < 0) continue;
+    const int64_t val = static_cast<int64_t>(v);
+    plan->holds.push_back({val, g.producer(val), B.hold_until[v]});
+    plan->releases.push_back({val, B.hold_until[v]});
+  }
+  for (size_t v = 0; v < B.evicted.size(); ++v)
+    if (B.evicted[v])
+      plan->evictions.push_back({static_cast<int64_t>(v), g.last_fwd_use[v]});
+  std::sort(plan->releases.begin(), plan->releases.end(), [](const Release& a, const Release& b) {
+    return a.after_bwd != b.after_bwd ? a.after_bwd < b.after_bwd : a.value < b.value;
+  });
+}
+
+}  // namespace memplan::planner

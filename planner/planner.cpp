@@ -1,0 +1,191 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "planner/chain_dp.h"
+#include "planner/plan_builder.h"
+
+namespace memplan::planner {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string sweep_key(const std::vector<Sweep>& sw) {
+  std::string k;
+  for (const Sweep& s : sw) {
+    k += fmt::format("[{}-{}:", s.first, s.last);
+    for (const SweepStep& st : s.steps) k += fmt::format("{}{}{},", st.block, to_string(st.mode), st.option);
+    k += "]";
+  }
+  return k;
+}
+
+}  // namespace
+
+bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* error) {
+  try {
+    prof_ = p;
+    if (!build_graph(prof_, &graph_, error)) return false;
+    const Graph& g = graph_;
+    blocks_ = make_blocks(g, opt.blocks);
+    const size_t L = blocks_.size();
+    stats_ = PlannerStats{};
+    stats_.blocks = static_cast<int>(L);
+
+    // Option menus, one solve per distinct block.
+    auto t0 = Clock::now();
+    auto solver = make_cbc_solver();
+    menus_.assign(L, {});
+    for (size_t i = 0; i < L; ++i) {
+      if (blocks_[i].shape_id != static_cast<int>(i)) continue;
+      ++stats_.distinct_blocks;
+      IlpOptions io = opt.ilp;
+      const double left = opt.ilp_total_s - since(t0);
+      if (left <= 0) io.use_ilp = false;
+      io.solve_time_s = std::max(0.01, std::min(io.solve_time_s, left));
+      const int64_t out_sep = i + 1 < L ? blocks_[i + 1].input : -1;
+      menus_[i] = solve_block(make_block_problem(g, blocks_[i], out_sep), *solver, io);
+      stats_.ilp_solves += menus_[i].solves;
+      stats_.ilp_optimal += menus_[i].optimal;
+      stats_.ilp_timeouts += menus_[i].timeouts;
+    }
+    stats_.ilp_s = since(t0);
+
+    // The chain in memory units.
+    t0 = Clock::now();
+    int64_t total = 0, worst = 0;
+    for (size_t i = 0; i < L; ++i) {
+      const BlockMenu& mu = menus_[blocks_[i].shape_id];
+      int64_t smax = 0;
+      const int64_t next_c = i + 1 < L ? blocks_[i + 1].input_bytes : 0;
+      worst = std::max(worst, next_c + mu.ff_overhead);
+      for (const BlockOption& o : mu.options) {
+        smax = std::max(smax, o.size_a_bar);
+        worst = std::max({worst, next_c + o.size_a_bar + o.overhead_fwd, o.size_a_bar + o.overhead_bwd});
+      }
+      total += blocks_[i].input_bytes + smax;
+    }
+    const int slots = std::max(10, opt.mem_slots);
+    const int64_t unit = std::max<int64_t>(1, (total + worst + slots - 1) / slots);
+    stats_.unit_bytes = unit;
+    auto units = [&](int64_t b) { return static_cast<int>((b + unit - 1) / unit); };
+    Chain ch;
+    ch.c.assign(L + 1, 0);
+    for (size_t i = 0; i < L; ++i) ch.c[i] = units(blocks_[i].input_bytes);
+    ch.c[0] = 0;  // the chain's input is persistent or absent
+    ch.opts.resize(L);
+    for (size_t i = 0; i < L; ++i) {
+      const BlockMenu& mu = menus_[blocks_[i].shape_id];
+      ch.ff.push_back(mu.ff_time);
+      ch.off.push_back(units(mu.ff_overhead));
+      for (const BlockOption& o : mu.options)
+        ch.opts[i].push_back({o.time_fwd, o.time_bwd, units(o.size_a_bar), units(o.overhead_fwd),
+                              units(o.overhead_bwd)});
+    }
+    const int M = slots + 2;
+    DpTable table = dp_fill(ch, M);
+    stats_.dp_s = since(t0);
+
+    // Candidates: the empty plan, and the plan of every distinct schedule over all slots.
+    t0 = Clock::now();
+    cands_.clear();
+    Plan empty;
+    for (const Block& b : blocks_) empty.schedule.push_back({b.first, b.last, Mode::Fe, 0});
+    SimResult es = simulate(g, empty);
+    unplanned_peak_ = std::max(prof_.peak_bytes, es.ok ? es.peak : 0);
+    cands_.push_back({empty, es.ok ? es.peak : prof_.peak_bytes, g.step_time_us, -1});
+    std::set<std::string> seen;
+    std::vector<Sweep> sweeps;
+    for (int m = 0; m <= M; ++m) {
+      if (!dp_schedule(ch, table, m, &sweeps)) continue;
+      if (!seen.insert(sweep_key(sweeps)).second) continue;
+      Candidate c;
+      c.slot = m;
+      build_actions(g, blocks_, menus_, sweeps, &c.plan);
+      SimResult s = simulate(g, c.plan);
+      if (!s.ok) continue;  // cannot happen by construction; never emit such a plan
+      c.peak = s.peak;
+      c.time_us = s.time_us;
+      cands_.push_back(std::move(c));
+    }
+    std::stable_sort(cands_.begin(), cands_.end(), [](const Candidate& a, const Candidate& b) {
+      return a.peak != b.peak ? a.peak < b.peak : a.time_us < b.time_us;
+    });
+    stats_.candidates = static_cast<int>(cands_.size());
+    stats_.candidates_s = since(t0);
+    return true;
+  } catch (const std::exception& e) {
+    *error = fmt::format("planner failed: {}", e.what());
+    return false;
+  } catch (...) {
+    *error = "planner failed";
+    return false;
+  }
+}
+
+PlanResult Planner::plan_for(const Budget& b) const {
+  PlanResult r;
+  try {
+    const int64_t budget = budget_bytes(b, prof_);
+    const Candidate* pick = nullptr;
+    if (b.kind == Budget::Kind::None || budget >= unplanned_peak_) {
+      for (const Candidate& c : cands_)
+        if (c.slot < 0) pick = &c;
+      r.messages.push_back(b.kind == Budget::Kind::None
+                               ? "no budget: the empty plan"
+                               : fmt::format("budget {} is at or above the un-planned peak {}: the empty plan",
+                                             format_bytes(budget), format_bytes(unplanned_peak_)));
+    } else {
+      for (const Candidate& c : cands_)  // sorted by peak: the fastest that fits, lowest peak on ties
+        if (c.peak <= budget && (!pick || c.time_us < pick->time_us)) pick = &c;
+    }
+    bool feasible = pick != nullptr;
+    if (!pick) {
+      pick = &cands_.front();
+      r.messages.push_back(fmt::format(
+          "budget {} ({:.1f}% of activation memory) is below the minimum feasible {} ({:.1f}%); "
+          "using the minimum-memory plan",
+          format_bytes(budget), activation_percent(budget, prof_), format_bytes(pick->peak),
+          activation_percent(pick->peak, prof_)));
+    }
+    r.plan = pick->plan;
+    Plan& pl = r.plan;
+    pl.version = kPlanVersion;
+    pl.profile_hash = prof_.op_hash;
+    pl.budget_bytes = budget;
+    pl.baseline_bytes = prof_.baseline_bytes;
+    pl.unplanned_peak_bytes = unplanned_peak_;
+    pl.unplanned_time_us = graph_.step_time_us;
+    pl.min_feasible_bytes = min_feasible();
+    pl.feasible = feasible;
+    r.sim = simulate(graph_, pl);
+    if (!r.sim.ok) {
+      r.error = "internal: the chosen plan fails the simulator: " + r.sim.error;
+      return r;
+    }
+    pl.predicted_peak_bytes = r.sim.peak;
+    pl.predicted_time_us = r.sim.time_us;
+    r.ok = true;
+  } catch (const std::exception& e) {
+    r.error = fmt::format("planner failed: {}", e.what());
+  } catch (...) {
+    r.error = "planner failed";
+  }
+  return r;
+}
+
+PlanResult make_plan(const Profile& p, const Budget& b, const PlannerOptions& opt) {
+  Planner pl;
+  PlanResult r;
+  if (!pl.prepare(p, opt, &r.error)) return r;
+  return pl.plan_for(b);
+}
+
+}  // namespace memplan::planner

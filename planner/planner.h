@@ -1,0 +1,83 @@
+// The planner's public entry point, used in-process by the agent and offline by memplan-plan.
+// Never throws. Pipeline: Profile -> Graph -> blocks -> per-block option menus (ILP, identical
+// blocks solved once) -> DP table over memory slots -> one schedule per slot -> plan -> simulator.
+// Every simulator-feasible plan is a candidate; a budget picks the fastest candidate whose
+// simulated peak fits, so predicted time never grows with the budget and every emitted plan is
+// simulator-feasible.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "planner/block_ilp.h"
+#include "planner/blocks.h"
+#include "planner/budget.h"
+#include "planner/graph.h"
+#include "planner/plan.h"
+#include "planner/simulate.h"
+
+namespace memplan::planner {
+
+struct PlannerOptions {
+  BlockOptions blocks;
+  IlpOptions ilp;
+  int mem_slots = 300;         // DP memory discretisation
+  double ilp_total_s = 5.0;    // all ILP solves together; then the cheap two options only
+};
+
+struct PlanResult {
+  bool ok = false;             // false only when the profile is unusable (see error)
+  std::string error;
+  Plan plan;
+  SimResult sim;               // the simulator's timeline of `plan`
+  std::vector<std::string> messages;
+};
+
+struct Candidate {
+  Plan plan;                   // actions and schedule only
+  int64_t peak = 0;
+  double time_us = 0;
+  int slot = -1;               // DP memory slot that produced it (-1: the empty plan)
+};
+
+struct PlannerStats {
+  int blocks = 0, distinct_blocks = 0, ilp_solves = 0, ilp_optimal = 0, ilp_timeouts = 0;
+  int candidates = 0;
+  double ilp_s = 0, dp_s = 0, candidates_s = 0;
+  int64_t unit_bytes = 0;
+};
+
+class Planner {
+ public:
+  Planner() = default;
+  Planner(const Planner&) = delete;
+  Planner& operator=(const Planner&) = delete;
+
+  // Everything that does not depend on the budget. False (and `error`) on an unusable profile.
+  bool prepare(const Profile& p, const PlannerOptions& opt, std::string* error);
+  PlanResult plan_for(const Budget& b) const;
+
+  const Profile& profile() const { return prof_; }
+  const Graph& graph() const { return graph_; }
+  const std::vector<Block>& blocks() const { return blocks_; }
+  const BlockMenu& menu(size_t block) const { return menus_[blocks_[block].shape_id]; }
+  const std::vector<Candidate>& candidates() const { return cands_; }  // sorted by peak
+  const PlannerStats& stats() const { return stats_; }
+  int64_t unplanned_peak() const { return unplanned_peak_; }
+  double unplanned_time() const { return graph_.step_time_us; }
+  int64_t min_feasible() const { return cands_.empty() ? unplanned_peak_ : cands_.front().peak; }
+
+ private:
+  Profile prof_;
+  Graph graph_;
+  std::vector<Block> blocks_;
+  std::vector<BlockMenu> menus_;
+  std::vector<Candidate> cands_;
+  PlannerStats stats_;
+  int64_t unplanned_peak_ = 0;
+};
+
+PlanResult make_plan(const Profile& p, const Budget& b, const PlannerOptions& opt = {});
+
+}  // namespace memplan::planner

@@ -1,0 +1,33 @@
+// Profile + plan -> predicted memory timeline and step time. The model: the measured un-planned
+// timeline, minus each evicted value between its eviction and its rebuild, plus held values beyond
+// their natural life, plus kept recompute outputs, plus each recompute action's transient (values
+// it creates, freed at last use, and each op's workspace = peak - max(live_before, live_after)).
+// Time: the measured step time plus the time of every recomputed op.
+// It also checks the plan: indices, forward uses after eviction, every recompute input available,
+// every unpack of an evicted value preceded by its rebuild.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "planner/graph.h"
+#include "planner/plan.h"
+
+namespace memplan::planner {
+
+struct SimResult {
+  bool ok = false;
+  std::string error;                  // first problem found when !ok
+  std::vector<int64_t> fwd_live, fwd_peak;   // per forward op: live after it, peak during it
+  std::vector<int64_t> bwd_live, bwd_peak;   // per backward node (peak includes the recompute
+                                             // action that runs just before it)
+  std::vector<int64_t> action_peak;          // per plan.recomputes entry
+  int64_t peak = 0;
+  double time_us = 0;
+  double recompute_us = 0;
+};
+
+SimResult simulate(const Graph& g, const Plan& plan);
+
+}  // namespace memplan::planner

@@ -1,0 +1,37 @@
+// Identity of a step's op sequence: FNV-1a over each forward op's name, overload, and input
+// shapes and dtypes. The same running hash is fed op by op during replay to catch divergence.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "profiler/profile.h"
+
+namespace memplan {
+
+class OpHasher {
+ public:
+  void add(const char* s) {
+    for (; *s; ++s) byte(static_cast<uint8_t>(*s));
+    byte(0xff);
+  }
+  void add(int64_t x) {
+    for (int i = 0; i < 8; ++i) byte(static_cast<uint8_t>(x >> (8 * i)));
+  }
+  uint64_t value() const { return h_; }
+  std::string hex() const;
+  // One op: name, overload, then each input's dtype and shape.
+  void add_op(const Op& op);
+
+ private:
+  void byte(uint8_t b) {
+    h_ ^= b;
+    h_ *= 0x100000001b3ull;
+  }
+  uint64_t h_ = 0xcbf29ce484222325ull;
+};
+
+std::string hash_forward_ops(const std::vector<Op>& ops);
+
+}  // namespace memplan

@@ -1,0 +1,91 @@
+// The profile of one training step (forward + backward): plain structs, no torch.
+//
+// This is the contract between the recorder (profiler/, torch side) and the planner (planner/,
+// pure C++) and every offline tool. On disk it is JSON (profile_io.h); the schema is documented in
+// docs/profile-schema.md and versioned by kProfileVersion. Indices, not pointers, link the parts so
+// the struct can be copied, serialised and validated.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace memplan {
+
+inline constexpr int kProfileVersion = 1;
+
+// What a value (a tensor storage) is, as far as the step can tell.
+enum class ValueKind {
+  Activation,  // produced by a forward op during the step
+  Parameter,   // requires grad and is a leaf (nn.Parameter); persistent
+  Input,       // existed before the step and is not a parameter (batch, buffers, constants)
+  Gradient,    // produced by a backward node
+  Other,
+};
+
+const char* to_string(ValueKind k);
+bool parse_value_kind(const std::string& s, ValueKind* out);
+
+// A tensor as an op saw it: the value (storage) it lives in plus its own metadata.
+struct TensorRef {
+  int64_t value = -1;               // index into Profile::values, -1 if not tracked (undefined tensor)
+  std::vector<int64_t> shape;
+  std::string dtype;                // c10 name: "Float", "Long", ...
+};
+
+// One top-level forward op (what the user dispatched with autograd) or one backward node.
+struct Op {
+  std::string name;                 // "aten::linear", or the node name "AddmmBackward0"
+  std::string overload;             // schema overload name ("" for the default), forward ops only
+  int64_t seq_nr = -1;              // autograd sequence number (fwd op seqNr == its grad_fn's)
+  uint64_t thread = 0;              // forward thread id; a backward node reports its forward's
+  std::vector<TensorRef> inputs;
+  std::vector<TensorRef> outputs;
+  int64_t fwd_op = -1;              // backward nodes: index of the forward op that created it
+  double start_us = 0;              // since step start, monotonic clock
+  double time_us = 0;               // the op's cost the planner uses: CPU wall time on CPU;
+                                    // on CUDA the device time (CUPTI, else CUDA events)
+  double cpu_us = -1;               // CPU wall time (-1 = not measured)
+  double cupti_us = -1;             // sum of its kernels' durations from CUPTI (-1 = not measured)
+  double event_us = -1;             // CUDA-event elapsed time around the op (-1 = not measured)
+  int64_t live_before = 0;          // allocated bytes (absolute) when the op started
+  int64_t live_after = 0;           // ... when it ended
+  int64_t peak = 0;                 // highest allocated bytes while it ran (>= both of the above)
+  bool random = false;              // draws from an RNG (has a Generator? argument, or dropout)
+};
+
+// A tensor storage seen during the step. Views share their base's value.
+struct Value {
+  int64_t bytes = 0;                // storage size
+  ValueKind kind = ValueKind::Other;
+  int64_t producer = -1;            // forward op index that created it, -1 if it existed before
+  std::vector<int64_t> consumers;   // forward op indices that read it, in order
+  std::vector<int64_t> saved_by;    // forward op indices whose autograd node saved it
+  std::vector<int64_t> unpacked_by; // backward node indices that unpacked it, in order
+  int64_t saved_bytes = 0;          // bytes autograd saved of it (0 unless saved_by is non-empty)
+  bool held_outside = false;        // something besides autograd still referenced it after forward
+                                    // (evicting it frees nothing)
+};
+
+struct Profile {
+  int version = kProfileVersion;
+  std::string device = "cpu";       // "cpu" or "cuda:N"
+  int rank = 0;
+  int64_t step = 0;                 // which iteration this is (0-based)
+  std::string op_hash;              // hex hash of (name, overload, input shapes/dtypes) of fwd ops
+  int64_t baseline_bytes = 0;       // allocated when the step began (params, grads, optimizer state)
+  int64_t peak_bytes = 0;           // highest allocated during the step (absolute)
+  int64_t end_bytes = 0;            // allocated when the step ended
+  double forward_us = 0;            // wall time of the forward
+  double backward_us = 0;           // wall time of the backward
+  double overhead_us = 0;           // recording cost measured in the callbacks themselves
+  std::vector<Op> forward;
+  std::vector<Op> backward;
+  std::vector<Value> values;
+
+  // Activation memory as torch.compile's activation_memory_budget counts it.
+  int64_t activation_bytes() const { return peak_bytes - baseline_bytes; }
+  int64_t saved_for_backward_bytes() const;
+};
+
+}  // namespace memplan

@@ -1,0 +1,237 @@
+#include "profiler/recorder.h"
+
+#include <ATen/SequenceNumber.h>
+#include <ATen/core/function_schema.h>
+#include <c10/core/StorageImpl.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "profiler/op_hash.h"
+
+namespace memplan {
+
+namespace {
+constexpr const char* kEnginePrefix = "autograd::engine::evaluate_function: ";
+
+void push_unique(std::vector<int64_t>* v, int64_t x) {
+  if (v->empty() || v->back() != x) v->push_back(x);
+}
+}  // namespace
+
+double Recorder::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void Recorder::begin_step(int64_t step_index) {
+  profile_ = Profile();
+  profile_.step = step_index;
+  seq_begin_.clear();
+  seq_end_.clear();
+  slots_.clear();
+  index_.clear();
+  saved_once_.clear();
+  current_op_ = -1;
+  current_node_ = -1;
+  overhead_ns_ = 0;
+  in_backward_ = false;
+  t0_ = std::chrono::steady_clock::now();
+  profile_.baseline_bytes = memory_->live();
+  memory_->reset_peak();
+  in_step_ = true;
+}
+
+int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
+  if (!t.defined() || !t.has_storage()) return -1;
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s == nullptr) return -1;
+  auto it = index_.find(s);
+  if (it != index_.end() && !slots_[it->second].storage.expired()) return it->second;
+  // A storage we have not seen, or an address reused after the old storage died.
+  const int64_t id = static_cast<int64_t>(profile_.values.size());
+  Value& v = profile_.values.emplace_back();
+  v.bytes = static_cast<int64_t>(s->nbytes());
+  if (producer >= 0) {
+    v.kind = ValueKind::Activation;
+    v.producer = producer;
+  } else if (t.requires_grad() && t.is_leaf()) {
+    v.kind = ValueKind::Parameter;
+  } else {
+    v.kind = ValueKind::Input;
+  }
+  slots_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
+  saved_once_.push_back(0);
+  index_[s] = id;
+  return id;
+}
+
+void Recorder::add_tensor_refs(const c10::IValue& iv, std::vector<TensorRef>* refs, int64_t producer) {
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    TensorRef& r = refs->emplace_back();
+    r.value = value_of(t, producer);
+    r.shape.assign(t.sizes().begin(), t.sizes().end());
+    r.dtype = c10::toString(t.scalar_type());
+  };
+  if (iv.isTensor()) {
+    add(iv.toTensor());
+  } else if (iv.isTensorList()) {
+    for (const at::Tensor& t : iv.toTensorVector()) add(t);
+  } else if (iv.isList()) {
+    for (const c10::IValue& e : iv.toListRef()) {
+      if (e.isTensor()) add(e.toTensor());
+    }
+  }
+}
+
+bool Recorder::is_random(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  auto it = random_by_name_.find(name);
+  if (it != random_by_name_.end()) return it->second;
+  bool random = std::strstr(name, "dropout") != nullptr;
+  if (auto schema = fn.operator_schema()) {
+    for (const auto& arg : schema->arguments()) {
+      const auto& ty = arg.type();
+      if (ty->kind() == c10::TypeKind::OptionalType &&
+          ty->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType) {
+        random = true;
+      }
+    }
+  }
+  random_by_name_.emplace(name, random);
+  return random;
+}
+
+void Recorder::op_start(const at::RecordFunction& fn) {
+  const int64_t idx = static_cast<int64_t>(profile_.forward.size());
+  Op& op = profile_.forward.emplace_back();
+  op.name = fn.name();
+  op.overload = fn.overload_name();
+  op.seq_nr = fn.seqNr();
+  op.thread = fn.threadId();
+  op.random = is_random(fn);
+  for (const c10::IValue& iv : fn.inputs()) add_tensor_refs(iv, &op.inputs, -1);
+  for (const TensorRef& r : op.inputs) {
+    if (r.value >= 0) push_unique(&profile_.values[r.value].consumers, idx);
+  }
+  seq_begin_.push_back(fn.seqNr());
+  seq_end_.push_back(fn.seqNr());
+  current_op_ = idx;
+  op.live_before = memory_->live();
+  memory_->reset_window();
+  op.start_us = now_us();
+}
+
+void Recorder::op_end(const at::RecordFunction& fn) {
+  const double end = now_us();
+  const int64_t idx = current_op_;
+  if (idx < 0) return;
+  Op& op = profile_.forward[idx];
+  op.time_us = op.cpu_us = end - op.start_us;
+  op.live_after = memory_->live();
+  op.peak = std::max({memory_->window_peak(), op.live_before, op.live_after});
+  for (const c10::IValue& iv : fn.outputs()) add_tensor_refs(iv, &op.outputs, idx);
+  seq_end_[idx] = at::sequence_number::peek();
+  current_op_ = -1;
+}
+
+int64_t Recorder::on_pack(const at::Tensor& t) {
+  // pack runs inside the op's autograd kernel; a pack outside any recorded op (a custom
+  // autograd.Function saving at the end of apply) belongs to the op just finished.
+  int64_t op = current_op_ >= 0 ? current_op_ : static_cast<int64_t>(profile_.forward.size()) - 1;
+  const int64_t id = value_of(t, op);
+  if (id < 0) return -1;
+  Value& v = profile_.values[id];
+  if (op >= 0) push_unique(&v.saved_by, op);
+  ++pack_counts_[id];
+  if (!saved_once_[id]) {
+    saved_once_[id] = 1;
+    v.saved_bytes = v.bytes;
+  }
+  return id;
+}
+
+void Recorder::on_unpack(int64_t value) {
+  if (value < 0 || value >= static_cast<int64_t>(profile_.values.size()) || current_node_ < 0) return;
+  push_unique(&profile_.values[value].unpacked_by, current_node_);
+}
+
+void Recorder::begin_backward() {
+  if (in_backward_) return;
+  in_backward_ = true;
+  backward_t0_us_ = now_us();
+  profile_.forward_us = backward_t0_us_;
+  // Whatever still holds a saved storage besides the handles autograd owns makes evicting it
+  // useless: count references now, at the end of forward. Each pack handle owns one TensorImpl
+  // of that storage (its tensor_data alias).
+  for (size_t i = 0; i < profile_.values.size(); ++i) {
+    Value& v = profile_.values[i];
+    if (v.saved_by.empty()) continue;
+    auto strong = slots_[i].storage.lock();
+    if (!strong) continue;
+    const int64_t refs = static_cast<int64_t>(strong.use_count()) - 1;  // minus our lock
+    const auto pc = pack_counts_.find(static_cast<int64_t>(i));
+    v.held_outside = v.kind != ValueKind::Activation || refs > (pc == pack_counts_.end() ? 0 : pc->second);
+  }
+}
+
+void Recorder::node_start(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  if (std::strncmp(name, kEnginePrefix, std::strlen(kEnginePrefix)) == 0) return;
+  const int64_t idx = static_cast<int64_t>(profile_.backward.size());
+  Op& n = profile_.backward.emplace_back();
+  n.name = name;
+  n.seq_nr = fn.seqNr();
+  n.thread = fn.forwardThreadId();
+  current_node_ = idx;
+  n.live_before = memory_->live();
+  memory_->reset_window();
+  n.start_us = now_us();
+}
+
+void Recorder::node_end(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  if (std::strncmp(name, kEnginePrefix, std::strlen(kEnginePrefix)) == 0) return;
+  if (current_node_ < 0) return;
+  const double end = now_us();
+  Op& n = profile_.backward[current_node_];
+  n.time_us = n.cpu_us = end - n.start_us;
+  n.live_after = memory_->live();
+  n.peak = std::max({memory_->window_peak(), n.live_before, n.live_after});
+}
+
+Profile Recorder::end_step() {
+  const double end = now_us();
+  profile_.backward_us = in_backward_ ? end - backward_t0_us_ : 0;
+  if (!in_backward_) profile_.forward_us = end;
+  profile_.peak_bytes = std::max(memory_->peak(), profile_.baseline_bytes);
+  profile_.end_bytes = memory_->live();
+  profile_.overhead_us = static_cast<double>(overhead_ns_) / 1000.0;
+  // Link every backward node to the forward op whose autograd kernel created it: op i created
+  // the nodes numbered [seq_begin_[i], seq_end_[i]) on its thread.
+  for (Op& n : profile_.backward) {
+    if (n.seq_nr < 0) continue;
+    auto it = std::upper_bound(seq_begin_.begin(), seq_begin_.end(), n.seq_nr);
+    if (it == seq_begin_.begin()) continue;
+    const size_t i = static_cast<size_t>(it - seq_begin_.begin()) - 1;
+    // Ops that created no node share a begin with the next one: walk back to the creator.
+    for (size_t j = i + 1; j-- > 0;) {
+      if (seq_begin_[j] <= n.seq_nr && n.seq_nr < seq_end_[j] && profile_.forward[j].thread == n.thread) {
+        n.fwd_op = static_cast<int64_t>(j);
+        break;
+      }
+      if (seq_end_[j] <= n.seq_nr) break;
+    }
+  }
+  profile_.op_hash = hash_forward_ops(profile_.forward);
+  in_step_ = false;
+  in_backward_ = false;
+  pack_counts_.clear();
+  slots_.clear();
+  index_.clear();
+  Profile out = std::move(profile_);
+  profile_ = Profile();
+  return out;
+}
+
+}  // namespace memplan

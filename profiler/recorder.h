@@ -1,0 +1,78 @@
+// Records one training step (forward + backward) into a Profile.
+//
+// Fed by hooks/ (RecordFunction callbacks, saved-tensor pack/unpack, step boundaries); knows
+// nothing of planning. Single training thread for the forward (the thread that dispatches
+// autograd ops); backward nodes may run on the engine's threads, serialised by the engine.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "profiler/memory.h"
+#include "profiler/profile.h"
+
+namespace memplan {
+
+class Recorder {
+ public:
+  explicit Recorder(MemoryCounter* memory) : memory_(memory) {}
+
+  void set_memory(MemoryCounter* memory) { memory_ = memory; }
+  // Starts a new step record (called lazily at the first forward op of a step).
+  void begin_step(int64_t step_index);
+  bool in_step() const { return in_step_; }
+
+  // Top-level forward op (seqNr >= 0, grad mode on, depth 0). Inputs are valid only here.
+  void op_start(const at::RecordFunction& fn);
+  void op_end(const at::RecordFunction& fn);
+  int64_t current_op() const { return current_op_; }
+
+  // A tensor autograd saves for backward, during the current forward op. Returns its value id.
+  int64_t on_pack(const at::Tensor& t);
+  // A backward node read a saved value.
+  void on_unpack(int64_t value);
+
+  void node_start(const at::RecordFunction& fn);
+  void node_end(const at::RecordFunction& fn);
+
+  void begin_backward();
+  // Finishes the step; returns the Profile (validated links, fwd_op of every node resolved).
+  Profile end_step();
+
+  // Time spent inside our own callbacks this step (recording overhead), microseconds.
+  void add_overhead_ns(int64_t ns) { overhead_ns_ += ns; }
+
+ private:
+  struct ValueSlot {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  };
+  double now_us() const;
+  int64_t value_of(const at::Tensor& t, int64_t producer);
+  void add_tensor_refs(const c10::IValue& v, std::vector<TensorRef>* refs, int64_t producer);
+  bool is_random(const at::RecordFunction& fn);
+
+  MemoryCounter* memory_;
+  bool in_step_ = false;
+  bool in_backward_ = false;
+  Profile profile_;
+  std::vector<int64_t> seq_begin_;  // per forward op: sequence numbers [begin, end) it created
+  std::vector<int64_t> seq_end_;
+  std::vector<ValueSlot> slots_;
+  std::unordered_map<const c10::StorageImpl*, int64_t> index_;
+  std::unordered_map<const char*, bool> random_by_name_;  // schema inspection cached per op name
+  std::vector<char> saved_once_;                         // per value: saved bytes counted
+  std::unordered_map<int64_t, int64_t> pack_counts_;     // per value: pack handles made
+  int64_t current_op_ = -1;
+  int64_t current_node_ = -1;
+  std::chrono::steady_clock::time_point t0_;
+  double backward_t0_us_ = 0;
+  int64_t overhead_ns_ = 0;
+};
+
+}  // namespace memplan

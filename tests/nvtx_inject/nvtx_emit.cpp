@@ -1,0 +1,26 @@
+// Emits a fixed sequence of memplan NVTX ranges; check_nvtx.cmake compares what the recorder saw.
+// Covers: push/pop, nesting, ScopedRange, mark, the enable flag (nothing while disabled), and
+// that each pop matches its own push across flag flips (no lost, no extra pops).
+#include "profiler/nvtx_ranges.h"
+
+int main() {
+  using namespace memplan;
+  nvtx::range_push("step");
+  nvtx::mark("begin");
+  {
+    nvtx::ScopedRange fwd("forward");
+    nvtx::ScopedRange op("aten::add_ \"x\"");
+  }
+  set_nvtx_enabled(false);
+  nvtx::range_push("hidden");  // dropped
+  nvtx::mark("hidden");        // dropped
+  nvtx::range_pop();           // matches "hidden": nothing (must not close "step")
+  set_nvtx_enabled(true);
+  nvtx::range_push("backward");
+  set_nvtx_enabled(false);
+  nvtx::range_pop();           // still pops "backward": it was opened while enabled
+  set_nvtx_enabled(true);
+  nvtx::range_pop();           // "step"
+  nvtx::range_pop();           // unbalanced: ignored
+  return 0;
+}

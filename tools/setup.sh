@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine of this project's kind (run as root):
+#   tools/setup.sh demo   install everything, build, run the demo training under memplan
+#   tools/setup.sh test   install everything, build, run every test (ctest: GoogleTest + Python)
+#   tools/setup.sh build  install everything and build only
+# The virtualenv lives outside the checkout (MEMPLAN_VENV, default ~/.memplan-venv) so a fresh
+# clone reuses it; the build goes to MEMPLAN_BUILD (default <checkout>/build).
+set -euo pipefail
+mode=${1:-build}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${MEMPLAN_VENV:-$HOME/.memplan-venv}
+build=${MEMPLAN_BUILD:-$root/build}
+torch_req=(torch==2.14.1 torchvision==0.29.1)
+apt_pkgs=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libfmt-dev nlohmann-json3-dev
+          coinor-libcbc-dev)
+
+say() { echo "[setup] $*" >&2; }
+
+install_apt() {
+  local missing=()
+  for p in "${apt_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    say "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null
+    apt-get install -y -q "${missing[@]}" >/dev/null
+  fi
+}
+
+install_venv() {
+  local py=$venv/bin/python
+  if [[ -x $py ]] && "$py" -c 'import torch, torchvision, pytest, sys; sys.exit(torch.__version__.split("+")[0] != "2.14.1")' 2>/dev/null; then
+    return
+  fi
+  say "creating virtualenv $venv with ${torch_req[*]} (local wheels; several minutes the first time)"
+  [[ -x $py ]] || python3 -m venv "$venv"
+  "$py" -m pip install -q --disable-pip-version-check "${torch_req[@]}" pytest numpy 2>&1 | grep -v "is ignored: it is neither" >&2 || true
+  "$py" -c 'import torch, torchvision, pytest' || { say "torch install failed"; exit 1; }
+}
+
+configure_build() {
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEMPLAN_PYTHON="$venv/bin/python" >/dev/null
+  cmake --build "$build" -j "$(nproc)"
+}
+
+install_apt
+install_venv
+configure_build
+
+case "$mode" in
+  build) ;;
+  demo)
+    shift || true
+    cd "$root"
+    MEMPLAN_BUILD="$build" exec "$root/tools/memplan-run" "$venv/bin/python" "$root/examples/gpt2_demo.py" "$@"
+    ;;
+  test)
+    cd "$build"
+    exec ctest --output-on-failure -j 2 --timeout 1500
+    ;;
+  *) say "usage: tools/setup.sh demo|test|build"; exit 2 ;;
+esac
