@@ -47,6 +47,39 @@ class OverheadTimer {
   int64_t t0_;
 };
 
+// autograd's own wording (torch/csrc/autograd/saved_variable.cpp), so scripts and tests that
+// match on it see no difference: "[torch.FloatTensor [32, 10]], which is output 0 of Exp, ...".
+std::string inplace_error_message(const Saved& s, uint32_t now) {
+  std::ostringstream m;
+  m << "one of the variables needed for gradient computation has been modified by an inplace "
+       "operation: [torch."
+    << (s.tensor.is_cuda() ? "cuda." : "") << c10::toString(s.tensor.scalar_type()) << "Tensor "
+    << s.tensor.sizes() << "]";
+  if (auto fn = s.grad_fn.lock()) {
+    std::string name = fn->name();
+    const auto pos = name.rfind("Backward");
+    if (pos != std::string::npos && name.find_first_not_of("0123456789", pos + 8) == std::string::npos) {
+      name.resize(pos);
+    }
+    m << ", which is output " << s.output_nr << " of " << name << ",";
+  }
+  m << " is at version " << now << "; expected version " << s.version
+    << " instead. Hint: enable anomaly detection to find the operation that failed to compute its "
+       "gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).";
+  return m.str();
+}
+
+// CUPTI kernel time is the op's cost when measured, else the CUDA-event time, else CPU time.
+void apply_device_times(std::vector<Op>* ops, const std::vector<double>& cupti, const std::vector<double>& events) {
+  for (size_t i = 0; i < ops->size(); ++i) {
+    Op& op = (*ops)[i];
+    if (i < cupti.size()) op.cupti_us = cupti[i];
+    if (i < events.size()) op.event_us = events[i];
+    if (op.cupti_us >= 0) op.time_us = op.cupti_us;
+    else if (op.event_us >= 0) op.time_us = op.event_us;
+  }
+}
+
 bool first_tensor_on_cuda(const at::RecordFunction& fn) {
   for (const c10::IValue& iv : fn.inputs()) {
     if (iv.isTensor() && iv.toTensor().defined()) return iv.toTensor().device().is_cuda();
@@ -86,16 +119,22 @@ void Agent::op_start(const at::RecordFunction& fn) {
   if (inert_ || phase_ != Phase::Warmup || backward_depth_ > 0 || !at::GradMode::is_enabled()) return;
   OverheadTimer timer(&recorder_);
   if (!recorder_.in_step()) {
-    recorder_.set_memory(first_tensor_on_cuda(fn) && cuda_memory().active() ? &cuda_memory() : &cpu_memory());
+    const bool cuda = first_tensor_on_cuda(fn) && cuda_memory().active();
+    recorder_.set_memory(cuda ? &cuda_memory() : &cpu_memory());
+    step_device_ = cuda ? "cuda" : "cpu";
     recorder_.begin_step(steps_);
+    timing_device_ = cuda && device_timer_.begin_step();
   }
   nvtx::range_push(fn.name());
   recorder_.op_start(fn);
+  // Last thing in the start callback: the op's device time should not include our recording.
+  if (timing_device_ && recorder_.current_op() >= 0) device_timer_.op_begin(forward_op_id(recorder_.current_op()));
 }
 
 void Agent::op_end(const at::RecordFunction& fn) {
   if (inert_ || recorder_.current_op() < 0) return;
   OverheadTimer timer(&recorder_);
+  if (timing_device_) device_timer_.op_end(forward_op_id(recorder_.current_op()));  // first thing
   recorder_.op_end(fn);
   nvtx::range_pop();
 }
@@ -103,12 +142,17 @@ void Agent::op_end(const at::RecordFunction& fn) {
 void Agent::node_start(const at::RecordFunction& fn) {
   if (inert_ || phase_ != Phase::Warmup || !recorder_.in_step() || backward_depth_ == 0) return;
   OverheadTimer timer(&recorder_);
+  const int64_t before = recorder_.current_node();
   recorder_.node_start(fn);
+  // The engine's "autograd::engine::evaluate_function: X" wrapper makes no node: only time nodes.
+  if (timing_device_ && recorder_.current_node() != before) device_timer_.op_begin(backward_op_id(recorder_.current_node()));
 }
 
 void Agent::node_end(const at::RecordFunction& fn) {
   if (inert_ || phase_ != Phase::Warmup || !recorder_.in_step() || backward_depth_ == 0) return;
   OverheadTimer timer(&recorder_);
+  // Ignored when that node is not open (the engine wrapper's end comes after the node's).
+  if (timing_device_ && recorder_.current_node() >= 0) device_timer_.op_end(backward_op_id(recorder_.current_node()));
   recorder_.node_end(fn);
 }
 
@@ -131,15 +175,7 @@ at::Tensor Agent::unpack(const Saved& s) {
   // re-do it with autograd's exact message (design.md 3b.11).
   const uint32_t now = s.tensor.unsafeGetTensorImpl()->version_counter().current_version();
   if (now != s.version) {
-    std::ostringstream m;
-    m << "one of the variables needed for gradient computation has been modified by an inplace "
-         "operation: ["
-      << s.tensor.toString() << " " << s.tensor.sizes() << "]";
-    if (auto fn = s.grad_fn.lock()) m << ", which is output " << s.output_nr << " of " << fn->name() << ",";
-    m << " is at version " << now << "; expected version " << s.version
-      << " instead. Hint: enable anomaly detection to find the operation that failed to compute "
-         "its gradient, with torch.autograd.set_detect_anomaly(True).";
-    throw std::runtime_error(m.str());
+    throw std::runtime_error(inplace_error_message(s, now));
   }
   if (s.value >= 0 && s.step == steps_ && phase_ == Phase::Warmup && recorder_.in_step()) {
     OverheadTimer timer(&recorder_);
@@ -161,7 +197,17 @@ void Agent::backward_end() {
   if (--backward_depth_ > 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (phase_ == Phase::Warmup && recorder_.in_step()) {
-    profiles_.push_back(recorder_.end_step());
+    Profile p = recorder_.end_step();
+    if (timing_device_) {
+      timing_device_ = false;
+      std::vector<double> fc, fe, bc, be;
+      device_timer_.end_step(&fc, &fe, &bc, &be);
+      apply_device_times(&p.forward, fc, fe);
+      apply_device_times(&p.backward, bc, be);
+    }
+    p.rank = env_rank();
+    p.device = step_device_;
+    profiles_.push_back(std::move(p));
     if (static_cast<int>(profiles_.size()) >= options().warmup) finish_warmup();
   }
   ++steps_;

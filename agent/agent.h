@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent/saved.h"
+#include "hooks/device_timer.h"
 #include "hooks/op_callbacks.h"
 #include "profiler/profile.h"
 #include "profiler/recorder.h"
@@ -62,6 +63,9 @@ class Agent final : public OpSink {
   Recorder recorder_;
   std::vector<Profile> profiles_; // warm-up steps
   std::string profile_path_, trace_path_;
+  std::string step_device_ = "cpu";
+  DeviceTimer device_timer_;      // CUPTI + CUDA-event op times of CUDA warm-up steps
+  bool timing_device_ = false;    // device_timer_ is timing the current step
   bool outputs_written_ = false;
 };
 

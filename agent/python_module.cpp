@@ -2,6 +2,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "agent/agent.h"
+#include "hooks/cpu_allocator.h"
+#include "profiler/memory.h"
 
 namespace py = pybind11;
 using memplan::Agent;
@@ -21,5 +23,14 @@ PYBIND11_MODULE(_memplan, m) {
   m.def("phase", [] { return std::string(memplan::to_string(Agent::get().phase())); });
   m.def("steps", [] { return Agent::get().steps_seen(); });
   m.def("profile_path", [] { return Agent::get().profile_path(); });
+  m.def("memory", [] {
+    py::dict d;
+    d["cpu_live"] = memplan::cpu_memory().live();
+    d["cpu_peak"] = memplan::cpu_memory().peak();
+    d["cpu_untracked"] = memplan::cpu_untracked_allocations();
+    d["cuda_live"] = memplan::cuda_memory().live();
+    d["cuda_peak"] = memplan::cuda_memory().peak();
+    return d;
+  });
   m.def("trace_path", [] { return Agent::get().trace_path(); });
 }

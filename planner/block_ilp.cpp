@@ -122,6 +122,13 @@ BlockOption closure_option(const BlockProblem& bp, const std::vector<char>& evic
 MilpStatus solve_block_point(const BlockProblem& bp, MilpSolver& solver, int64_t save_budget,
                              int64_t all_budget, double time_limit_s, BlockOption* out) {
   const int nc = static_cast<int>(bp.cand_bytes.size());
+  auto op_ok = [&](int o) { return o >= 0 && o < bp.n_ops; };
+  bool sane = bp.cand_op.size() == bp.cand_bytes.size() && static_cast<int>(bp.time.size()) == bp.n_ops &&
+              static_cast<int>(bp.out_bytes.size()) == bp.n_ops;
+  for (int o : bp.cand_op) sane = sane && op_ok(o);
+  for (auto [o, p] : bp.must) sane = sane && op_ok(o) && op_ok(p);
+  for (const auto& k : bp.cond) sane = sane && op_ok(k[0]) && op_ok(k[1]) && k[2] >= 0 && k[2] < nc;
+  if (!sane) return MilpStatus::Error;
   // Bytes are scaled to keep CBC's coefficients moderate.
   double scale = 1;
   int64_t big = std::max<int64_t>({1, save_budget, all_budget});

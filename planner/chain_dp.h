@@ -2,6 +2,7 @@
 // Everything here is in abstract integer memory units; chain.cpp's caller maps blocks to a Chain.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

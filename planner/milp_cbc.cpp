@@ -29,18 +29,34 @@ class CbcSolver : public MilpSolver {
       const int n = p.n_vars();
       CoinPackedMatrix m(false, 0, 0);  // row-ordered
       m.setDimensions(0, n);
-      std::vector<double> rlo, rhi;
+      OsiClpSolverInterface si;
+      const double inf = si.getInfinity();
+      auto bound = [&](double b) { return b <= -1e30 ? -inf : b >= 1e30 ? inf : b; };
+      std::vector<double> rlo, rhi, clo, chi;
       for (const MilpRow& row : p.rows) {
         m.appendRow(static_cast<int>(row.idx.size()), row.idx.data(), row.coef.data());
-        rlo.push_back(row.lo);
-        rhi.push_back(row.hi);
+        rlo.push_back(bound(row.lo));
+        rhi.push_back(bound(row.hi));
       }
-      OsiClpSolverInterface si;
+      for (int i = 0; i < n; ++i) {
+        clo.push_back(bound(p.lb[i]));
+        chi.push_back(bound(p.ub[i]));
+      }
       si.messageHandler()->setLogLevel(0);
-      si.loadProblem(m, p.lb.data(), p.ub.data(), p.obj.data(), rlo.data(), rhi.data());
+      si.loadProblem(m, clo.data(), chi.data(), p.obj.data(), rlo.data(), rhi.data());
       for (int i = 0; i < n; ++i)
         if (p.integer[i]) si.setInteger(i);
       si.setHintParam(OsiDoReducePrint, true, OsiHintTry);
+      // Solve the root LP first: CBC expects it, and a proven-infeasible LP ends here.
+      si.initialSolve();
+      if (si.isProvenPrimalInfeasible()) {
+        r.status = MilpStatus::Infeasible;
+        return r;
+      }
+      if (!si.isProvenOptimal()) {
+        r.status = MilpStatus::Error;
+        return r;
+      }
       CbcModel model(si);
       model.setLogLevel(0);
       model.messageHandler()->setLogLevel(0);

@@ -42,12 +42,14 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     // Option menus, one solve per distinct block.
     auto t0 = Clock::now();
     auto solver = make_cbc_solver();
+    const double ilp_total =
+        opt.ilp_total_s >= 0 ? opt.ilp_total_s : std::min(20.0, 1.0 + 0.0015 * static_cast<double>(g.n_fwd));
     menus_.assign(L, {});
     for (size_t i = 0; i < L; ++i) {
       if (blocks_[i].shape_id != static_cast<int>(i)) continue;
       ++stats_.distinct_blocks;
       IlpOptions io = opt.ilp;
-      const double left = opt.ilp_total_s - since(t0);
+      const double left = ilp_total - since(t0);
       if (left <= 0) io.use_ilp = false;
       io.solve_time_s = std::max(0.01, std::min(io.solve_time_s, left));
       const int64_t out_sep = i + 1 < L ? blocks_[i + 1].input : -1;
@@ -89,7 +91,13 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
         ch.opts[i].push_back({o.time_fwd, o.time_bwd, units(o.size_a_bar), units(o.overhead_fwd),
                               units(o.overhead_bwd)});
     }
-    const int M = slots + 2;
+    // Enough slots for the keep-everything schedule even after every size was rounded up.
+    int M = units(worst) + 2;
+    for (size_t i = 0; i < L; ++i) {
+      int smax = 0;
+      for (const ChainOption& o : ch.opts[i]) smax = std::max(smax, o.s);
+      M += ch.c[i + 1] + smax;
+    }
     DpTable table = dp_fill(ch, M);
     stats_.dp_s = since(t0);
 

@@ -23,7 +23,8 @@ struct PlannerOptions {
   BlockOptions blocks;
   IlpOptions ilp;
   int mem_slots = 300;         // DP memory discretisation
-  double ilp_total_s = 5.0;    // all ILP solves together; then the cheap two options only
+  double ilp_total_s = -1;     // all ILP solves together, then only the keep-all/evict-all
+                               // options; < 0: auto, 1 s + 1.5 ms per forward op, at most 20 s
 };
 
 struct PlanResult {

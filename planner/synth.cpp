@@ -243,8 +243,10 @@ Profile synth_resnet(int blocks, int64_t pixels, int64_t channels) {
     return b.op_saving_outputs("aten::relu", {x}, {{bytes}}, {}, {0}, us(bytes))[0];
   };
   int64_t x = relu(bn(conv(img, 3, ch, px), ch, px * ch * 4), px * ch * 4);
+  // Four stages like a real ResNet: downsample (1x1-conv skip) at the start of stages 2-4 only.
+  const int stage_len = std::max(1, blocks / 4);
   for (int k = 0; k < blocks; ++k) {
-    const bool down = k > 0 && k % 4 == 0;
+    const bool down = k > 0 && k % stage_len == 0 && k / stage_len <= 3;
     const int64_t opx = down ? std::max<int64_t>(1, px / 4) : px;
     const int64_t och = down ? ch * 2 : ch;
     const int64_t bytes = opx * och * 4;

@@ -15,8 +15,8 @@ namespace memplan::planner {
 // final LayerNorm, logits, cross-entropy. About 13 ops per layer.
 Profile synth_transformer(int layers, int64_t tokens = 512, int64_t hidden = 256, int64_t seq = 128);
 
-// ResNet-like chain: stem, `blocks` basic blocks with skip connections (every fourth one
-// downsampling through a 1x1 conv), pooling, linear, loss. About 9 ops per block.
+// ResNet-like chain: stem, `blocks` basic blocks with skip connections in four stages (the first
+// block of stages 2-4 downsamples through a 1x1 conv), pooling, linear, loss. ~7.5 ops per block.
 Profile synth_resnet(int blocks, int64_t pixels = 4096, int64_t channels = 64);
 
 // A small builder the generators use (also handy in tests for hand-made profiles).

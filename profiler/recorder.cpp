@@ -133,6 +133,24 @@ void Recorder::op_end(const at::RecordFunction& fn) {
   for (const c10::IValue& iv : fn.outputs()) add_tensor_refs(iv, &op.outputs, idx);
   seq_end_[idx] = at::sequence_number::peek();
   current_op_ = -1;
+  // An op that returns no tensor and made no autograd node (aten::item of the previous step's
+  // loss, aten::is_nonzero, aten::equal) has nothing to save or rebuild: leave it out, so the
+  // step's op sequence does not depend on what the script printed before it.
+  if (op.outputs.empty() && seq_end_[idx] == seq_begin_[idx] && packs_in_op_ == 0) {
+    for (const TensorRef& r : op.inputs) {
+      if (r.value >= 0 && !profile_.values[r.value].consumers.empty() &&
+          profile_.values[r.value].consumers.back() == idx) {
+        profile_.values[r.value].consumers.pop_back();
+      }
+    }
+    profile_.forward.pop_back();
+    seq_begin_.pop_back();
+    seq_end_.pop_back();
+    // Nothing recorded yet: the step has not really begun (its baseline must be taken at the
+    // first op that counts, after the script's own bookkeeping such as zero_grad).
+    if (profile_.forward.empty()) in_step_ = false;
+  }
+  packs_in_op_ = 0;
 }
 
 int64_t Recorder::on_pack(const at::Tensor& t) {
@@ -144,6 +162,7 @@ int64_t Recorder::on_pack(const at::Tensor& t) {
   Value& v = profile_.values[id];
   if (op >= 0) push_unique(&v.saved_by, op);
   ++pack_counts_[id];
+  ++packs_in_op_;
   if (!saved_once_[id]) {
     saved_once_[id] = 1;
     v.saved_bytes = v.bytes;

@@ -32,6 +32,7 @@ class Recorder {
   void op_start(const at::RecordFunction& fn);
   void op_end(const at::RecordFunction& fn);
   int64_t current_op() const { return current_op_; }
+  int64_t current_node() const { return current_node_; }
 
   // A tensor autograd saves for backward, during the current forward op. Returns its value id.
   int64_t on_pack(const at::Tensor& t);
@@ -69,6 +70,7 @@ class Recorder {
   std::vector<char> saved_once_;                         // per value: saved bytes counted
   std::unordered_map<int64_t, int64_t> pack_counts_;     // per value: pack handles made
   int64_t current_op_ = -1;
+  int64_t packs_in_op_ = 0;
   int64_t current_node_ = -1;
   std::chrono::steady_clock::time_point t0_;
   double backward_t0_us_ = 0;

@@ -1,0 +1,194 @@
+"""Small models for the demo, the tests and the benchmarks (random data; no downloads).
+
+Every model maps a batch from make_batch() to a scalar loss with loss_fn(); all are deterministic
+under torch.manual_seed with torch.use_deterministic_algorithms(True)."""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=256, hidden=1024, d_out=10, depth=4):
+        super().__init__()
+        layers, d = [], d_in
+        for _ in range(depth):
+            layers += [nn.Linear(d, hidden), nn.ReLU()]
+            d = hidden
+        layers.append(nn.Linear(d, d_out))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads, dropout):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q = q.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf"))
+        att = self.drop(F.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, d)
+        return self.drop(self.proj(y))
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, dropout):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads, dropout)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(dropout))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT2(nn.Module):
+    """GPT-2 style: token + position embeddings, pre-LN blocks with causal attention, tied head."""
+
+    def __init__(self, vocab=512, d=128, heads=4, layers=4, seq=64, dropout=0.1):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        t = idx.size(1)
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.tok(idx) + self.pos(pos))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+class CNN(nn.Module):
+    def __init__(self, classes=10, width=32):
+        super().__init__()
+        w = width
+        self.features = nn.Sequential(
+            nn.Conv2d(3, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(),
+            nn.Conv2d(w, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(),
+            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.head = nn.Linear(2 * w * 8 * 8, classes)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+class ViewsInplace(nn.Module):
+    """Views and in-place ops everywhere: relu_, transpose, view, add_."""
+
+    def __init__(self, d=128):
+        super().__init__()
+        self.a = nn.Linear(d, d)
+        self.b = nn.Linear(d, d)
+        self.c = nn.Linear(d, d)
+
+    def forward(self, x):
+        h = self.a(x)
+        h.relu_()
+        h = h.view(x.size(0), 4, -1).transpose(1, 2).reshape(x.size(0), -1)
+        g = self.b(h)
+        g.add_(h)
+        g = torch.tanh(g).t().contiguous().t()
+        return self.c(g)
+
+
+class TiedTwoHeads(nn.Module):
+    """Shared (tied) weights used twice and two outputs summed into one loss."""
+
+    def __init__(self, vocab=256, d=128):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mid = nn.Linear(d, d)
+        self.aux = nn.Linear(d, 1)
+
+    def forward(self, idx):
+        h = torch.tanh(self.mid(self.emb(idx)))
+        h2 = torch.tanh(self.mid(h))  # self.mid used twice
+        logits = h2 @ self.emb.weight.t()  # tied with the embedding
+        return logits, self.aux(h).squeeze(-1)
+
+
+class LSTMModel(nn.Module):
+    def __init__(self, vocab=256, d=64, hidden=128):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.lstm = nn.LSTM(d, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, idx):
+        out, _ = self.lstm(self.emb(idx))
+        return self.head(out)
+
+
+ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
+
+
+def build(name, small=False):
+    if name == "mlp":
+        return MLP(hidden=256 if small else 1024)
+    if name == "gpt2":
+        return GPT2(layers=2 if small else 4, d=64 if small else 128)
+    if name == "cnn":
+        return CNN(width=8 if small else 32)
+    if name == "views":
+        return ViewsInplace()
+    if name == "tied":
+        return TiedTwoHeads()
+    if name == "lstm":
+        return LSTMModel()
+    raise ValueError(f"unknown model {name!r}; one of {ZOO}")
+
+
+def make_batch(name, step, batch=8, seq=64, gen=None, seq_len=None):
+    """A deterministic random batch for `step` (its own generator: the model's RNG stream
+    - dropout - is not disturbed)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    t = seq_len or seq
+    if name == "mlp":
+        return torch.randn(batch * 4, 256, generator=g), torch.randint(0, 10, (batch * 4,), generator=g)
+    if name in ("gpt2",):
+        # Factory calls only (no slicing): the batch is made before the step's first op.
+        return torch.randint(0, 512, (batch, t), generator=g), torch.randint(0, 512, (batch, t), generator=g)
+    if name == "cnn":
+        return torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    if name == "views":
+        return torch.randn(batch * 4, 128, generator=g), torch.randn(batch * 4, 128, generator=g)
+    if name in ("tied", "lstm"):
+        x = torch.randint(0, 256, (batch, 32 if seq_len is None else t), generator=g)
+        return x, torch.randint(0, 256, x.shape, generator=g)
+    raise ValueError(name)
+
+
+def loss_fn(name, out, y):
+    if name in ("mlp", "cnn"):
+        return F.cross_entropy(out, y)
+    if name == "gpt2" or name == "lstm":
+        return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+    if name == "views":
+        return F.mse_loss(out, y)
+    if name == "tied":
+        logits, aux = out
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)) + aux.pow(2).mean()
+    raise ValueError(name)

@@ -1,0 +1,194 @@
+"""A plain training script over the model zoo (examples/models.py): what memplan must run
+unchanged. Everything memplan-specific lives outside; the flags only select what the script does,
+as a user's script would (gradient accumulation, eval loops, torch.profiler, checkpointing...).
+
+stdout: one line per optimizer step, "step <i> loss <repr>", and nothing else unless asked."""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="mlp", choices=models.ZOO)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--small", action="store_true")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--accum", type=int, default=1, help="forward/backward passes per optimizer step")
+    p.add_argument("--eval-every", type=int, default=0, help="a torch.no_grad() eval pass every N steps")
+    p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around each GPT-2 block")
+    p.add_argument("--torch-profiler", action="store_true", help="run step 1 under torch.profiler.profile()")
+    p.add_argument("--func", action="store_true", help="call a torch.func transform each step")
+    p.add_argument("--inplace-error", action="store_true", help="modify a saved tensor in place (autograd error)")
+    p.add_argument("--seq-change-at", type=int, default=-1, help="GPT-2: sequence length changes from this step")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
+    p.add_argument("--dump", help="torch.save losses and every gradient of every step here")
+    p.add_argument("--profile-step", type=int, default=-1,
+                   help="write top-level forward op names and the memory peak of this step (torch.profiler)")
+    p.add_argument("--saved-bytes-step", type=int, default=-1,
+                   help="print the bytes autograd saved in this step, from grad_fn._saved_* (needs no agent)")
+    p.add_argument("--times", help="write per-step wall times (seconds, JSON list) here")
+    p.add_argument("--distributed", action="store_true", help="init gloo process group (torchrun)")
+    p.add_argument("--device", default="cpu")
+    return p.parse_args()
+
+
+def saved_bytes(loss):
+    """Bytes of distinct storages autograd saved, walking grad_fn._saved_* (independent of memplan)."""
+    seen, total, stack, nodes = set(), 0, [loss.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in nodes:
+            continue
+        nodes.add(fn)
+        for name in dir(fn):
+            if not name.startswith("_saved_"):
+                continue
+            vals = getattr(fn, name)
+            for v in vals if isinstance(vals, (tuple, list)) else [vals]:
+                # Python scalars become 0-dim "wrapped number" tensors (int64/float64) that
+                # autograd keeps without calling the saved-tensor hooks: not activation memory.
+                if isinstance(v, torch.Tensor) and not (v.dim() == 0 and v.dtype in (torch.int64, torch.float64)):
+                    st = v.untyped_storage()
+                    if st.data_ptr() not in seen:
+                        seen.add(st.data_ptr())
+                        total += st.nbytes()
+        stack.extend(f for f, _ in fn.next_functions)
+    return total
+
+
+def top_level_forward_ops(prof):
+    """Names of the ops the user dispatched with autograd (sequence_nr >= 0, no such ancestor),
+    in order, before backward starts."""
+    names = []
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        if e.name.startswith("autograd::engine") or e.name.startswith("[memory]"):
+            continue
+        if getattr(e, "sequence_nr", -1) < 0 or e.is_async:
+            continue
+        p, nested = e.cpu_parent, False
+        while p is not None:
+            if getattr(p, "sequence_nr", -1) >= 0 or p.name.startswith("autograd::engine"):
+                nested = True
+                break
+            p = p.cpu_parent
+        if not nested and not e.name.startswith("aten::item") and e.name != "aten::_local_scalar_dense":
+            names.append(e.name)
+    return names
+
+
+def memory_peak(prof):
+    """Peak of (allocated - allocated at start) over the profiled region, from [memory] records."""
+    evs = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    evs.sort(key=lambda e: e.start_ns())
+    cur = peak = 0
+    for e in evs:
+        if e.device_type() == torch.autograd.DeviceType.CPU:
+            cur += e.nbytes()
+            peak = max(peak, cur)
+    return peak
+
+
+class Loader(torch.utils.data.Dataset):
+    def __init__(self, name, steps, args):
+        self.name, self.steps, self.args = name, steps, args
+
+    def __len__(self):
+        return self.steps * self.args.accum
+
+    def __getitem__(self, i):
+        seq = 32 if (self.args.seq_change_at >= 0 and i // self.args.accum >= self.args.seq_change_at) else None
+        return models.make_batch(self.name, i, batch=self.args.batch, seq_len=seq)
+
+
+def main():
+    args = parse()
+    if args.distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True)
+    model = models.build(args.model, small=args.small).to(args.device)
+    if args.distributed:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    if args.checkpoint:
+        from torch.utils.checkpoint import checkpoint
+
+        inner = model.module if args.distributed else model
+        for blk in inner.blocks:
+            blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.utils.data.DataLoader(Loader(args.model, args.steps, args), batch_size=None,
+                                       num_workers=args.workers)
+    it = iter(data)
+    record = {"loss": [], "grads": []}
+    times = []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in range(args.accum):
+            x, y = next(it)
+            prof = None
+            if step == args.profile_step and micro == 0:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                              profile_memory=True, record_shapes=True)
+                prof.__enter__()
+            elif args.torch_profiler and step == 1 and micro == 0:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                prof.__enter__()
+            x, y = x.to(args.device), y.to(args.device)
+            out = model(x)
+            loss = models.loss_fn(args.model, out, y) / args.accum
+            if args.inplace_error and step == 1:
+                # exp saves its result; modifying it in place must fail in backward
+                h = (out[0] if isinstance(out, tuple) else out).exp()
+                h.add_(1)
+                loss = loss + h.mean()
+            if step == args.saved_bytes_step and micro == 0:
+                print(f"SAVED_BYTES {saved_bytes(loss)}")
+            loss.backward()
+            if prof is not None:
+                prof.__exit__(None, None, None)
+                if step == args.profile_step:
+                    print("FORWARD_OPS " + json.dumps(top_level_forward_ops(prof)))
+                    print(f"PROFILER_PEAK {memory_peak(prof)}")
+                else:
+                    print(f"user profiler saw {len(prof.events())} events", file=sys.stderr)
+            if args.func:
+                w = torch.randn(5)
+                g = torch.func.grad(lambda v: (v.sin() * w).sum())(torch.randn(5))
+                assert g.shape == (5,)
+            total += loss.item()
+            # Drop this micro-step's tensors now rather than when the next one rebinds the names,
+            # so each step's memory starts from the same state (what torch.profiler measures).
+            del x, y, out, loss
+        opt.step()
+        if args.eval_every and step % args.eval_every == 0:
+            with torch.no_grad():
+                x, _ = models.make_batch(args.model, 10_000 + step, batch=args.batch)
+                model(x.to(args.device))
+        times.append(time.perf_counter() - t0)
+        print(f"step {step} loss {total!r}", flush=True)
+        if args.dump:
+            record["loss"].append(torch.tensor(total))
+            record["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()
+                                    if p.grad is not None})
+    if args.dump:
+        torch.save(record, args.dump)
+    if args.times:
+        with open(args.times, "w") as f:
+            json.dump(times, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Runs example scripts plainly, under the launcher, and under LD_PRELOAD; compares results."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("MEMPLAN_BUILD", ROOT / "build")).resolve()
+PY = sys.executable
+TRAIN = ROOT / "examples" / "train.py"
+LAUNCHER = ROOT / "tools" / "memplan-run"
+
+
+def clean_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPLAN_") and k not in ("LD_PRELOAD",)}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["MEMPLAN_BUILD"] = str(BUILD)
+    env.pop("PYTHONPATH", None)
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class Runner:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+
+    def run(self, args, mode="plain", env=None, timeout=600, script=TRAIN, python=PY, check=True):
+        """mode: plain (no agent), launcher (tools/memplan-run), preload (LD_PRELOAD only)."""
+        e = clean_env(env)
+        cmd = [str(python), str(script), *map(str, args)]
+        if mode == "launcher":
+            cmd = [str(LAUNCHER), *cmd]
+        elif mode == "preload":
+            e["LD_PRELOAD"] = str(BUILD / "libmemplan.so")
+        elif mode != "plain":
+            raise ValueError(mode)
+        p = subprocess.run(cmd, cwd=self.tmp, env=e, capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{cmd} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+        return p
+
+
+@pytest.fixture
+def runner(tmp_path):
+    return Runner(tmp_path)
+
+
+def load_profile(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def losses(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("step ")]
+
+
+def assert_same_dumps(a, b):
+    import torch
+
+    ra, rb = torch.load(a), torch.load(b)
+    assert len(ra["loss"]) == len(rb["loss"]) > 0
+    for la, lb in zip(ra["loss"], rb["loss"]):
+        assert torch.equal(la, lb), (la, lb)
+    for step, (ga, gb) in enumerate(zip(ra["grads"], rb["grads"])):
+        assert ga.keys() == gb.keys()
+        for name in ga:
+            assert torch.equal(ga[name], gb[name]), f"step {step}: gradient of {name} differs"

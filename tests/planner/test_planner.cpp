@@ -1,0 +1,151 @@
+// make_plan end to end: every emitted plan passes the simulator under its budget, predicted time
+// never grows with the budget, and the edges (no budget, above the peak, below the minimum).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "planner/plan_io.h"
+#include "planner/planner.h"
+#include "planner/synth.h"
+
+using namespace memplan;
+using namespace memplan::planner;
+
+namespace {
+
+// Random DAG-ish chains: each op reads the previous output and sometimes an older value (a skip),
+// saves some of its inputs/outputs, sometimes makes a view.
+Profile random_profile(uint64_t seed, int n) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> coin(0, 3);
+  std::uniform_int_distribution<int64_t> sz(1, 64);
+  SynthBuilder b;
+  const int64_t in = b.input(4096);
+  std::vector<int64_t> vals{b.op("aten::embedding", {in, b.param(4096)}, {{4096}}, {in}, 5)[0]};
+  for (int i = 0; i < n; ++i) {
+    std::vector<int64_t> ins{vals.back()};
+    if (coin(rng) == 0 && vals.size() > 2) ins.push_back(vals[vals.size() - 1 - (1 + rng() % std::min<size_t>(3, vals.size() - 1))]);
+    if (coin(rng) == 0) ins.push_back(b.param(1024));
+    std::vector<SynthBuilder::Out> outs{{sz(rng) * 1024}};
+    if (coin(rng) == 0) outs.push_back({sz(rng) * 256});
+    std::vector<int64_t> saved_in;
+    for (int64_t v : ins)
+      if (coin(rng) < 2) saved_in.push_back(v);
+    std::vector<int> saved_out;
+    if (coin(rng) == 0) saved_out.push_back(0);
+    auto res = b.op_saving_outputs(coin(rng) == 0 ? "aten::mul" : "aten::linear", ins, outs, saved_in,
+                                   saved_out, 1 + static_cast<double>(rng() % 50), (rng() % 4) * 512);
+    if (coin(rng) == 0) res = b.op("aten::view", {res[0]}, {{0, res[0]}}, {}, 0.1);
+    vals.push_back(res[0]);
+  }
+  auto loss = b.op("aten::sum", {vals.back()}, {{4}}, {}, 1);
+  b.hold_outside(loss[0]);
+  return b.finish();
+}
+
+void check_budgets(const Profile& p, const std::string& name) {
+  Planner pl;
+  std::string err;
+  ASSERT_TRUE(pl.prepare(p, PlannerOptions{}, &err)) << name << ": " << err;
+  for (const Candidate& c : pl.candidates()) {
+    SimResult s = simulate(pl.graph(), c.plan);
+    ASSERT_TRUE(s.ok) << name << ": candidate at slot " << c.slot << ": " << s.error;
+  }
+  std::mt19937 rng(1);
+  std::vector<double> pcts;
+  for (int i = 0; i < 25; ++i) pcts.push_back(std::uniform_real_distribution<double>(0, 110)(rng));
+  std::sort(pcts.begin(), pcts.end());
+  double prev_time = 1e300;
+  for (double pct : pcts) {
+    PlanResult r = pl.plan_for(Budget{Budget::Kind::Percent, 0, std::max(0.01, pct)});
+    ASSERT_TRUE(r.ok) << name << ": " << r.error;
+    ASSERT_TRUE(r.sim.ok) << r.sim.error;
+    std::string verr;
+    ASSERT_TRUE(validate_plan(r.plan, p, &verr)) << name << ": " << verr;
+    if (r.plan.feasible) {
+      EXPECT_LE(r.plan.predicted_peak_bytes, r.plan.budget_bytes) << name << " at " << pct << "%";
+      EXPECT_LE(r.plan.predicted_time_us, prev_time + 1e-6) << name << " at " << pct << "%";
+      prev_time = r.plan.predicted_time_us;
+    } else {
+      EXPECT_EQ(r.plan.predicted_peak_bytes, r.plan.min_feasible_bytes);
+      EXPECT_GT(r.plan.min_feasible_bytes, r.plan.budget_bytes);
+    }
+    EXPECT_GE(r.plan.predicted_time_us, r.plan.unplanned_time_us - 1e-6);
+  }
+  // Planning must actually save memory on these chains.
+  EXPECT_LT(pl.min_feasible(), pl.unplanned_peak()) << name;
+}
+
+}  // namespace
+
+TEST(Planner, SyntheticTransformerRespectsBudgetsMonotone) { check_budgets(synth_transformer(4), "transformer4"); }
+TEST(Planner, SyntheticResnetRespectsBudgetsMonotone) { check_budgets(synth_resnet(9), "resnet9"); }
+TEST(Planner, RandomChainsRespectBudgetsMonotone) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) check_budgets(random_profile(seed, 20 + seed * 5), "random" + std::to_string(seed));
+}
+
+TEST(Planner, LongChainsStillFindPlans) {
+  // Many blocks: sizes rounded up to memory units must not make every schedule infeasible.
+  for (const Profile& p : {synth_resnet(60), synth_transformer(40)}) {
+    Planner pl;
+    std::string err;
+    ASSERT_TRUE(pl.prepare(p, PlannerOptions{}, &err)) << err;
+    EXPECT_GT(pl.stats().blocks, 30);
+    EXPECT_GT(pl.candidates().size(), 10u);
+    EXPECT_LT(pl.min_feasible() - p.baseline_bytes, p.activation_bytes() / 2);
+  }
+}
+
+TEST(Planner, EmptyPlanAtOrAboveUnplannedPeak) {
+  Profile p = synth_transformer(2);
+  PlanResult r = make_plan(p, Budget{Budget::Kind::Bytes, p.peak_bytes * 2, 0});
+  ASSERT_TRUE(r.ok);
+  EXPECT_TRUE(r.plan.empty());
+  EXPECT_TRUE(r.plan.feasible);
+  EXPECT_EQ(r.plan.predicted_peak_bytes, p.peak_bytes);
+  r = make_plan(p, Budget{});
+  ASSERT_TRUE(r.ok);
+  EXPECT_TRUE(r.plan.empty());
+  r = make_plan(p, Budget{Budget::Kind::Percent, 100, 100});
+  EXPECT_TRUE(r.plan.empty());
+}
+
+TEST(Planner, BelowMinimumGivesMinimumMemoryPlanAndMessage) {
+  Profile p = synth_resnet(5);
+  PlanResult r = make_plan(p, Budget{Budget::Kind::Bytes, p.baseline_bytes + 1, 0});
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_FALSE(r.plan.feasible);
+  EXPECT_FALSE(r.plan.empty());
+  ASSERT_FALSE(r.messages.empty());
+  EXPECT_NE(r.messages.back().find("below the minimum feasible"), std::string::npos) << r.messages.back();
+  EXPECT_EQ(r.plan.predicted_peak_bytes, r.plan.min_feasible_bytes);
+  // At exactly the minimum it is feasible.
+  PlanResult at = make_plan(p, Budget{Budget::Kind::Bytes, r.plan.min_feasible_bytes, 0});
+  EXPECT_TRUE(at.plan.feasible);
+  EXPECT_LE(at.plan.predicted_peak_bytes, at.plan.budget_bytes);
+}
+
+TEST(Planner, IdenticalBlocksShareOneSolve) {
+  Planner pl;
+  std::string err;
+  ASSERT_TRUE(pl.prepare(synth_transformer(8), PlannerOptions{}, &err)) << err;
+  EXPECT_GT(pl.stats().blocks, 10);
+  EXPECT_LE(pl.stats().distinct_blocks, 5);  // embedding, attention, MLP, head (+ first layer's)
+}
+
+TEST(Planner, BadProfileIsAnErrorNotACrash) {
+  Profile p = synth_transformer(1);
+  p.values[p.forward[3].inputs[0].value].consumers.insert(
+      p.values[p.forward[3].inputs[0].value].consumers.begin(), 0);  // consumed before produced
+  PlanResult r = make_plan(p, Budget{Budget::Kind::Percent, 0, 50});
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("before its producer"), std::string::npos) << r.error;
+}
+
+TEST(Planner, EmptyProfile) {
+  Profile p;
+  p.baseline_bytes = p.peak_bytes = 100;
+  PlanResult r = make_plan(p, Budget{Budget::Kind::Percent, 0, 50});
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(r.plan.empty());
+}

@@ -1,0 +1,90 @@
+// memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks]
+// Offline planning: prints the blocks, the chosen schedule and predicted peak/time vs the
+// un-planned step. Exit status: 0 ok (also when the budget is below the minimum: the
+// minimum-memory plan is printed and flagged), 2 bad arguments or a malformed profile, 3 internal.
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "planner/budget.h"
+#include "planner/plan_io.h"
+#include "planner/planner.h"
+#include "planner/report.h"
+#include "profiler/profile_io.h"
+
+using namespace memplan;
+using namespace memplan::planner;
+
+namespace {
+
+const char* kUsage =
+    "usage: memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks]\n"
+    "  B: bytes with a unit (300MiB, 1.5GB, 123456) or a percentage of activation memory (50%)\n";
+
+int usage(const std::string& why) {
+  fmt::print(stderr, "memplan-plan: {} (see --help)\n", why);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string path, out, budget_text;
+  bool sweep = false, blocks = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--budget" || a == "-b") {
+      if (++i >= argc) return usage("--budget needs a value");
+      budget_text = argv[i];
+    } else if (a.rfind("--budget=", 0) == 0) {
+      budget_text = a.substr(9);
+    } else if (a == "-o" || a == "--output") {
+      if (++i >= argc) return usage("-o needs a path");
+      out = argv[i];
+    } else if (a == "--sweep") {
+      sweep = true;
+    } else if (a == "--no-blocks") {
+      blocks = false;
+    } else if (a == "-h" || a == "--help") {
+      fmt::print("{}", kUsage);
+      return 0;
+    } else if (!a.empty() && a[0] == '-') {
+      return usage(fmt::format("unknown option {}", a));
+    } else if (path.empty()) {
+      path = a;
+    } else {
+      return usage(fmt::format("unexpected argument {}", a));
+    }
+  }
+  if (path.empty()) return usage("no profile given");
+  Budget budget;
+  std::string err;
+  if (!budget_text.empty() && !parse_budget_arg(budget_text, &budget, &err)) return usage(err);
+
+  Profile prof;
+  if (!read_profile_file(path, &prof, &err)) {
+    fmt::print(stderr, "memplan-plan: {}: {}\n", path, err);
+    return 2;
+  }
+  Planner pl;
+  if (!pl.prepare(prof, PlannerOptions{}, &err)) {
+    fmt::print(stderr, "memplan-plan: {}: {}\n", path, err);
+    return 2;
+  }
+  PlanResult r = pl.plan_for(budget);
+  if (!r.ok) {
+    fmt::print(stderr, "memplan-plan: {}\n", r.error);
+    return 3;
+  }
+  fmt::print("{}", format_summary(pl, r, blocks));
+  if (sweep) fmt::print("sweep (minimum to 100% of activation memory):\n{}", format_sweep(pl));
+  if (!out.empty()) {
+    if (!write_plan_file(out, r.plan, &err)) {
+      fmt::print(stderr, "memplan-plan: {}\n", err);
+      return 3;
+    }
+    fmt::print("wrote {}\n", out);
+  }
+  return 0;
+}
