@@ -4,12 +4,19 @@
 #include <c10/core/Device.h>
 
 #include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <filesystem>
+#include <optional>
 #include <chrono>
 #include <sstream>
 #include <stdexcept>
 
 #include "agent/log.h"
 #include "agent/options.h"
+#include "planner/budget.h"
+#include "planner/plan_io.h"
+#include "planner/planner.h"
 #include "hooks/cpu_allocator.h"
 #include "hooks/cuda_tracker.h"
 #include "profiler/nvtx_ranges.h"
@@ -49,12 +56,14 @@ class OverheadTimer {
 
 // autograd's own wording (torch/csrc/autograd/saved_variable.cpp), so scripts and tests that
 // match on it see no difference: "[torch.FloatTensor [32, 10]], which is output 0 of Exp, ...".
-std::string inplace_error_message(const Saved& s, uint32_t now) {
+std::string inplace_error_message(const SavedState& s, uint32_t now) {
   std::ostringstream m;
+  const bool cuda = s.tensor.defined() ? s.tensor.is_cuda() : s.meta_cuda;
+  const auto dtype = s.tensor.defined() ? s.tensor.scalar_type() : s.meta_dtype;
+  const auto sizes = s.tensor.defined() ? s.tensor.sizes().vec() : s.meta_sizes;
   m << "one of the variables needed for gradient computation has been modified by an inplace "
        "operation: [torch."
-    << (s.tensor.is_cuda() ? "cuda." : "") << c10::toString(s.tensor.scalar_type()) << "Tensor "
-    << s.tensor.sizes() << "]";
+    << (cuda ? "cuda." : "") << c10::toString(dtype) << "Tensor " << c10::IntArrayRef(sizes) << "]";
   if (auto fn = s.grad_fn.lock()) {
     std::string name = fn->name();
     const auto pos = name.rfind("Backward");
@@ -115,18 +124,24 @@ bool Agent::boot() {
   return true;
 }
 
+bool Agent::recording() const { return phase_ == Phase::Warmup || phase_ == Phase::Replay; }
+
 void Agent::op_start(const at::RecordFunction& fn) {
-  if (inert_ || phase_ != Phase::Warmup || backward_depth_ > 0 || !at::GradMode::is_enabled()) return;
+  if (inert_ || !recording() || backward_depth_ > 0 || !at::GradMode::is_enabled()) return;
   OverheadTimer timer(&recorder_);
   if (!recorder_.in_step()) {
     const bool cuda = first_tensor_on_cuda(fn) && cuda_memory().active();
     recorder_.set_memory(cuda ? &cuda_memory() : &cpu_memory());
     step_device_ = cuda ? "cuda" : "cpu";
     recorder_.begin_step(steps_);
-    timing_device_ = cuda && device_timer_.begin_step();
+    timing_device_ = phase_ == Phase::Warmup && cuda && device_timer_.begin_step();
+    if (replayer_) replayer_->begin_step();
   }
-  nvtx::range_push(fn.name());
+  if (phase_ == Phase::Warmup) nvtx::range_push(fn.name());
   recorder_.op_start(fn);
+  if (replayer_ && recorder_.current_op() >= 0) {
+    replayer_->op_start(fn, recorder_.current_op(), recorder_.current().forward[recorder_.current_op()]);
+  }
   // Last thing in the start callback: the op's device time should not include our recording.
   if (timing_device_ && recorder_.current_op() >= 0) device_timer_.op_begin(forward_op_id(recorder_.current_op()));
 }
@@ -134,52 +149,84 @@ void Agent::op_start(const at::RecordFunction& fn) {
 void Agent::op_end(const at::RecordFunction& fn) {
   if (inert_ || recorder_.current_op() < 0) return;
   OverheadTimer timer(&recorder_);
-  if (timing_device_) device_timer_.op_end(forward_op_id(recorder_.current_op()));  // first thing
+  const int64_t op = recorder_.current_op();
+  if (timing_device_) device_timer_.op_end(forward_op_id(op));  // first thing
+  const size_t before = recorder_.current().forward.size();
   recorder_.op_end(fn);
-  nvtx::range_pop();
+  if (replayer_) {
+    const bool dropped = recorder_.current().forward.size() < before;
+    replayer_->op_end(fn, op, dropped, dropped ? nullptr : &recorder_.current().forward[op]);
+  }
+  if (phase_ == Phase::Warmup) nvtx::range_pop();
 }
 
 void Agent::node_start(const at::RecordFunction& fn) {
-  if (inert_ || phase_ != Phase::Warmup || !recorder_.in_step() || backward_depth_ == 0) return;
+  if (inert_ || !recording() || !recorder_.in_step() || backward_depth_ == 0) return;
   OverheadTimer timer(&recorder_);
   const int64_t before = recorder_.current_node();
   recorder_.node_start(fn);
-  // The engine's "autograd::engine::evaluate_function: X" wrapper makes no node: only time nodes.
-  if (timing_device_ && recorder_.current_node() != before) device_timer_.op_begin(backward_op_id(recorder_.current_node()));
+  const int64_t node = recorder_.current_node();
+  if (node == before) return;  // the engine's "evaluate_function: X" wrapper makes no node
+  if (timing_device_) device_timer_.op_begin(backward_op_id(node));
+  if (replayer_) {
+    try {
+      replayer_->node_start(node, recorder_.current().backward[node].name);
+    } catch (const std::exception& e) {
+      // A planned rebuild failed: unpack will rebuild on demand (or report) for that tensor.
+      log_once("planned-rebuild", LogLevel::Warn, std::string("planned recompute failed: ") + e.what());
+    }
+  }
 }
 
 void Agent::node_end(const at::RecordFunction& fn) {
-  if (inert_ || phase_ != Phase::Warmup || !recorder_.in_step() || backward_depth_ == 0) return;
+  if (inert_ || !recording() || !recorder_.in_step() || backward_depth_ == 0) return;
   OverheadTimer timer(&recorder_);
   // Ignored when that node is not open (the engine wrapper's end comes after the node's).
   if (timing_device_ && recorder_.current_node() >= 0) device_timer_.op_end(backward_op_id(recorder_.current_node()));
   recorder_.node_end(fn);
+  if (replayer_ && recorder_.current_node() >= 0) replayer_->node_end(recorder_.current_node());
 }
 
 Saved Agent::pack(const at::Tensor& t) {
-  Saved s;
+  Saved h{std::make_shared<SavedState>()};
+  SavedState& s = *h.s;
   s.tensor = t.tensor_data();
-  s.version = t.unsafeGetTensorImpl()->version_counter().current_version();
-  s.grad_fn = t.grad_fn();
+  if (std::vector<at::Tensor>* capture = Replayer::capture()) {
+    // A rebuild is re-running an op: hand over what it saves; this graph is thrown away.
+    capture->push_back(s.tensor);
+    return h;
+  }
+  s.counter = t.unsafeGetTensorImpl()->version_counter();
+  s.version = s.counter.current_version();
+  s.grad_fn = c10::weak_intrusive_ptr<torch::autograd::Node>(t.grad_fn());
   s.output_nr = t.output_nr();
-  if (!inert_ && phase_ == Phase::Warmup && recorder_.in_step() && backward_depth_ == 0) {
+  if (!inert_ && recording() && recorder_.in_step() && backward_depth_ == 0) {
     OverheadTimer timer(&recorder_);
     s.value = recorder_.on_pack(t);
     s.step = steps_;
+    if (replayer_) replayer_->on_pack(h.s, t, recorder_.current_op());
   }
-  return s;
+  return h;
 }
 
-at::Tensor Agent::unpack(const Saved& s) {
+at::Tensor Agent::unpack(const Saved& h) {
+  SavedState& s = *h.s;
   // With default hooks set, autograd skips its own "modified by an inplace operation" check;
-  // re-do it with autograd's exact message (design.md 3b.11).
-  const uint32_t now = s.tensor.unsafeGetTensorImpl()->version_counter().current_version();
-  if (now != s.version) {
-    throw std::runtime_error(inplace_error_message(s, now));
+  // re-do it with autograd's exact message (design.md 3b.11). The counter is the live tensor's,
+  // also while ours is evicted or rebuilt.
+  if (s.counter.enabled()) {
+    const uint32_t now = s.counter.current_version();
+    if (now != s.version) throw std::runtime_error(inplace_error_message(s, now));
   }
-  if (s.value >= 0 && s.step == steps_ && phase_ == Phase::Warmup && recorder_.in_step()) {
+  if (s.value >= 0 && s.step == steps_ && recording() && recorder_.in_step()) {
     OverheadTimer timer(&recorder_);
     recorder_.on_unpack(s.value);
+  }
+  if (s.evicted) {
+    if (!replayer_ || s.step != steps_) {
+      throw std::runtime_error("memplan: an evicted saved tensor outlived its step's recipes");
+    }
+    return replayer_->materialize(s);
   }
   return s.tensor;
 }
@@ -196,7 +243,7 @@ void Agent::backward_end() {
   if (inert_ || backward_depth_ == 0) return;
   if (--backward_depth_ > 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (phase_ == Phase::Warmup && recorder_.in_step()) {
+  if (recording() && recorder_.in_step()) {
     Profile p = recorder_.end_step();
     if (timing_device_) {
       timing_device_ = false;
@@ -207,8 +254,30 @@ void Agent::backward_end() {
     }
     p.rank = env_rank();
     p.device = step_device_;
-    profiles_.push_back(std::move(p));
-    if (static_cast<int>(profiles_.size()) >= options().warmup) finish_warmup();
+    if (phase_ == Phase::Warmup) {
+      profiles_.push_back(std::move(p));
+      if (static_cast<int>(profiles_.size()) >= options().warmup) finish_warmup();
+    } else if (replayer_) {
+      const bool diverged = replayer_->diverged();
+      replayer_->end_step();
+      ReplayStats& st = replayer_->stats();
+      if (!diverged) {
+        st.measured_peak.push_back(p.peak_bytes);
+        st.measured_baseline.push_back(p.baseline_bytes);
+        if (log_enabled(LogLevel::Debug)) {
+          debug("replayed step {}: peak {} at {}", p.step, format_bytes(p.peak_bytes), peak_location(p));
+          std::string error;
+          if (!profile_path_.empty()) write_profile_file(profile_path_ + ".replay.json", p, &error);
+        }
+      } else {
+        // The script changed shape or path: profile it again and plan for what it does now.
+        replay_history_.push_back(std::move(replayer_));
+        profiles_.clear();
+        outputs_written_ = false;
+        phase_ = Phase::Warmup;
+        nvtx::range_push("memplan/warmup");
+      }
+    }
   }
   ++steps_;
 }
@@ -218,15 +287,120 @@ void Agent::finish_warmup() {
   const Profile& last = profiles_.back();
   for (size_t i = 0; i + 1 < profiles_.size(); ++i) {
     if (profiles_[i].op_hash != last.op_hash) {
-      info("warm-up step {} ran a different op sequence than step {} ({} vs {} ops); the profile "
-           "is of step {}",
-           profiles_[i].step, last.step, profiles_[i].forward.size(), last.forward.size(), last.step);
+      debug("warm-up step {} ran a different op sequence than step {} ({} vs {} ops); the profile "
+            "is of step {}",
+            profiles_[i].step, last.step, profiles_[i].forward.size(), last.forward.size(), last.step);
     }
   }
   write_outputs();
-  // Profile only (no budget yet wired to replay): stop observing ops, zero cost from here on.
+  const Options& opt = options();
+  if (opt.budget.kind != Budget::Kind::None || !opt.plan.empty()) {
+    nvtx::ScopedRange range("memplan/plan");
+    std::optional<planner::Plan> plan = obtain_plan(last);
+    if (plan && !plan->empty()) {
+      replayer_ = std::make_unique<Replayer>(last, std::move(*plan));
+      phase_ = Phase::Replay;
+      nvtx::range_push("memplan/replay");
+      return;
+    }
+  }
+  // Profile only, or nothing to do under this budget: stop observing ops, zero cost from here.
   remove_op_callbacks();
   phase_ = Phase::Done;
+}
+
+namespace {
+planner::Budget to_planner_budget(const Budget& b) {
+  planner::Budget out;
+  out.kind = b.kind == Budget::Kind::Bytes     ? planner::Budget::Kind::Bytes
+             : b.kind == Budget::Kind::Percent ? planner::Budget::Kind::Percent
+                                               : planner::Budget::Kind::None;
+  out.bytes = b.bytes;
+  out.percent = b.percent;
+  return out;
+}
+
+constexpr int64_t kReplayMargin = 2;  // percent of the activation memory, see obtain_plan
+
+std::string budget_key(const Budget& b) {
+  if (b.kind == Budget::Kind::Bytes) return fmt::format("b{}", b.bytes);
+  if (b.kind == Budget::Kind::Percent) return fmt::format("p{:g}", b.percent);
+  return "none";
+}
+}  // namespace
+
+// A plan for `profile`: MEMPLAN_PLAN's file if it belongs to this profile, else the cache's,
+// else a fresh one (then cached). Never throws; nullopt means run without one.
+std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile) {
+  const Options& opt = options();
+  std::string error;
+  plan_info_ = PlanInfo{};
+  plan_info_.baseline = profile.baseline_bytes;
+  plan_info_.unplanned_peak = profile.peak_bytes;
+  auto accept = [&](planner::Plan plan, const std::string& from) -> std::optional<planner::Plan> {
+    plan_info_.budget = plan.budget_bytes;
+    plan_info_.predicted_peak = plan.predicted_peak_bytes;
+    plan_info_.predicted_time_us = plan.predicted_time_us;
+    plan_info_.unplanned_time_us = plan.unplanned_time_us;
+    plan_info_.feasible = plan.feasible;
+    plan_info_.min_feasible = plan.min_feasible_bytes;
+    plan_info_.source = from;
+    plan_info_.evictions = static_cast<int64_t>(plan.evictions.size());
+    plan_info_.recomputes = static_cast<int64_t>(plan.recomputes.size());
+    return plan;
+  };
+  if (!opt.plan.empty()) {
+    planner::Plan plan;
+    if (!planner::read_plan_file(opt.plan, &plan, &error)) {
+      warn("MEMPLAN_PLAN={}: {}; planning from the profile instead", opt.plan, error);
+    } else if (!planner::validate_plan(plan, profile, &error)) {
+      warn("MEMPLAN_PLAN={} does not fit this run ({}); planning from the profile instead", opt.plan, error);
+    } else {
+      return accept(std::move(plan), opt.plan);
+    }
+  }
+  if (opt.budget.kind == Budget::Kind::None) return std::nullopt;
+  std::string cache;
+  if (!opt.plan_cache.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(opt.plan_cache, ec);
+    cache = fmt::format("{}/plan-{}-{}-rank{}.json", opt.plan_cache, profile.op_hash, budget_key(opt.budget),
+                        profile.rank);
+    planner::Plan plan;
+    if (std::filesystem::exists(cache, ec)) {
+      if (planner::read_plan_file(cache, &plan, &error) && planner::validate_plan(plan, profile, &error)) {
+        info("plan loaded from the cache: {}", cache);
+        return accept(std::move(plan), cache);
+      }
+      warn("ignoring cached plan {}: {}", cache, error);
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  // Aim a little under the budget: what the simulator cannot see (allocator rounding, tensors the
+  // script allocates differently from one step to the next) measured under 0.5% of the
+  // activation memory on the demo model; 2% keeps the measured peak under the budget. Fall back
+  // to the budget itself when the margin makes it infeasible.
+  const planner::Budget requested = to_planner_budget(opt.budget);
+  const int64_t requested_bytes = planner::budget_bytes(requested, profile);
+  planner::Budget aimed;
+  aimed.kind = planner::Budget::Kind::Bytes;
+  aimed.bytes = requested_bytes - kReplayMargin * (profile.peak_bytes - profile.baseline_bytes) / 100;
+  planner::PlanResult r = planner::make_plan(profile, aimed);
+  if (!r.ok || !r.plan.feasible) r = planner::make_plan(profile, requested);
+  r.plan.budget_bytes = requested_bytes;
+  r.messages.clear();
+  plan_info_.planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!r.ok) {
+    warn("no plan ({}); running plain PyTorch", r.error);
+    return std::nullopt;
+  }
+  for (const std::string& m : r.messages) info("{}", m);
+  if (!r.plan.feasible) {
+    warn("budget {} is below the minimum feasible {} for this step; running the minimum-memory plan",
+         format_bytes(r.plan.budget_bytes), format_bytes(r.plan.min_feasible_bytes));
+  }
+  if (!cache.empty() && !planner::write_plan_file(cache, r.plan, &error)) warn("plan not cached: {}", error);
+  return accept(std::move(r.plan), "planned");
 }
 
 void Agent::write_outputs() {
@@ -250,13 +424,92 @@ void Agent::finish() {
     remove_op_callbacks();
     write_outputs();
   }
-  if (options().summary && !profiles_.empty()) {
-    SummaryInputs in;
-    in.profile_path = profile_path_;
-    in.trace_path = trace_path_;
-    in.warmup_steps = static_cast<int>(profiles_.size());
-    std::fputs(format_summary(profiles_.back(), in).c_str(), stderr);
+  if (!options().report.empty()) write_report(rank_path(options().report, env_rank(), env_world_size()));
+  if (!options().summary || profiles_.empty()) return;
+  SummaryInputs in;
+  in.profile_path = profile_path_;
+  in.trace_path = trace_path_;
+  in.warmup_steps = static_cast<int>(profiles_.size());
+  std::string text = format_summary(profiles_.back(), in);
+  if (replayer_ || !replay_history_.empty() || plan_info_.budget > 0) text += replay_summary();
+  std::fputs(text.c_str(), stderr);
+}
+
+void Agent::write_report(const std::string& path) const {
+  nlohmann::json j;
+  j["format"] = "memplan-report";
+  j["version"] = 1;
+  j["phase"] = to_string(phase_);
+  j["steps"] = steps_;
+  j["rank"] = env_rank();
+  if (!profiles_.empty()) {
+    const Profile& p = profiles_.back();
+    j["profile"] = {{"step", p.step}, {"op_hash", p.op_hash}, {"baseline_bytes", p.baseline_bytes},
+                    {"peak_bytes", p.peak_bytes}, {"forward_ops", p.forward.size()},
+                    {"backward_nodes", p.backward.size()}, {"step_us", p.forward_us + p.backward_us}};
   }
+  const PlanInfo& i = plan_info_;
+  if (!i.source.empty()) {
+    j["plan"] = {{"source", i.source}, {"budget_bytes", i.budget}, {"baseline_bytes", i.baseline},
+                 {"unplanned_peak_bytes", i.unplanned_peak}, {"predicted_peak_bytes", i.predicted_peak},
+                 {"min_feasible_bytes", i.min_feasible}, {"feasible", i.feasible},
+                 {"predicted_time_us", i.predicted_time_us}, {"unplanned_time_us", i.unplanned_time_us},
+                 {"evictions", i.evictions}, {"recomputes", i.recomputes}, {"planning_s", i.planning_s}};
+  }
+  nlohmann::json reps = nlohmann::json::array();
+  auto add = [&](const Replayer& r) {
+    const ReplayStats& st = const_cast<Replayer&>(r).stats();
+    reps.push_back({{"steps", st.steps}, {"evicted", st.evicted}, {"rebuilt", st.rebuilt},
+                    {"on_demand", st.on_demand}, {"ops_rerun", st.ops_rerun},
+                    {"not_rebuildable", st.not_rebuildable}, {"divergences", st.divergences},
+                    {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline}});
+  };
+  for (const auto& r : replay_history_) add(*r);
+  if (replayer_) add(*replayer_);
+  j["replay"] = reps;
+  std::ofstream f(path);
+  if (!f || !(f << j.dump(1) << "\n")) warn("report not written to {}", path);
+}
+
+std::string Agent::replay_summary() const {
+  const PlanInfo& p = plan_info_;
+  std::string out;
+  auto line = [&](const std::string& l) { out += "[memplan] " + l + "\n"; };
+  const int64_t act = p.unplanned_peak - p.baseline;
+  auto pct = [&](int64_t abs) { return act > 0 ? 100.0 * static_cast<double>(abs - p.baseline) / act : 100.0; };
+  line(fmt::format("===== plan ({}) =====", p.source.empty() ? "none" : p.source));
+  line(fmt::format("budget {} ({:.0f}% of activations); un-planned peak {}; predicted peak {} ({:.0f}%){}",
+                   format_bytes(p.budget), pct(p.budget), format_bytes(p.unplanned_peak),
+                   format_bytes(p.predicted_peak), pct(p.predicted_peak),
+                   p.feasible ? "" : fmt::format("; below the minimum feasible {}", format_bytes(p.min_feasible))));
+  if (p.unplanned_time_us > 0) {
+    line(fmt::format("predicted step time {:.2f} ms vs {:.2f} ms un-planned ({:+.1f}%); {} evictions, {} "
+                     "recompute points; planning took {:.2f} s",
+                     p.predicted_time_us / 1000, p.unplanned_time_us / 1000,
+                     100.0 * (p.predicted_time_us / p.unplanned_time_us - 1.0), p.evictions, p.recomputes,
+                     p.planning_s));
+  }
+  const Replayer* r = replayer_ ? replayer_.get() : (replay_history_.empty() ? nullptr : replay_history_.back().get());
+  if (r == nullptr) return out;
+  ReplayStats st = const_cast<Replayer*>(r)->stats();
+  // Each step's peak is taken relative to its own start (what the script holds outside the step
+  // may grow), then put on the profile's baseline to compare with the prediction.
+  std::vector<int64_t> peaks;
+  for (size_t i = 0; i < st.measured_peak.size(); ++i) {
+    peaks.push_back(st.measured_peak[i] - st.measured_baseline[i] + p.baseline);
+  }
+  if (!peaks.empty()) {
+    std::sort(peaks.begin(), peaks.end());
+    const int64_t med = peaks[peaks.size() / 2];
+    line(fmt::format("replayed {} step(s): measured peak {} (median, on the profile's baseline; {:.0f}% of "
+                     "activations), predicted {} (error {:+.1f}%)",
+                     st.steps, format_bytes(med), pct(med), format_bytes(p.predicted_peak),
+                     p.predicted_peak > 0 ? 100.0 * (static_cast<double>(med) / p.predicted_peak - 1.0) : 0.0));
+  }
+  line(fmt::format("saved tensors evicted {}, rebuilt {} ({} on demand), forward ops re-run {}, kept "
+                   "(no recipe) {}, divergences {}",
+                   st.evicted, st.rebuilt, st.on_demand, st.ops_rerun, st.not_rebuildable, st.divergences));
+  return out;
 }
 
 void Agent::fork_child() {

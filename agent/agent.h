@@ -5,10 +5,13 @@
 #include <ATen/record_function.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "agent/replay.h"
 #include "agent/saved.h"
 #include "hooks/device_timer.h"
 #include "hooks/op_callbacks.h"
@@ -49,7 +52,20 @@ class Agent final : public OpSink {
   std::string trace_path() const { return trace_path_; }
 
  private:
+  // What the summary says about the plan in use.
+  struct PlanInfo {
+    std::string source;
+    int64_t budget = 0, baseline = 0, unplanned_peak = 0, predicted_peak = 0, min_feasible = 0;
+    double predicted_time_us = 0, unplanned_time_us = 0, planning_s = 0;
+    bool feasible = true;
+    int64_t evictions = 0, recomputes = 0;
+  };
+
   Agent();
+  bool recording() const;
+  std::optional<planner::Plan> obtain_plan(const Profile& profile);
+  std::string replay_summary() const;
+  void write_report(const std::string& path) const;
   MemoryCounter* memory_for_step();
   void finish_warmup();
   void write_outputs();
@@ -67,6 +83,9 @@ class Agent final : public OpSink {
   DeviceTimer device_timer_;      // CUPTI + CUDA-event op times of CUDA warm-up steps
   bool timing_device_ = false;    // device_timer_ is timing the current step
   bool outputs_written_ = false;
+  std::unique_ptr<Replayer> replayer_;
+  std::vector<std::unique_ptr<Replayer>> replay_history_;  // replaced after a divergence
+  PlanInfo plan_info_;
 };
 
 }  // namespace memplan

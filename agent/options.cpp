@@ -153,6 +153,10 @@ const Row kRows[] = {
       "Directory where plans are cached by profile hash, so a rerun of the same model skips "
       "planning."},
      [](const std::string& t, Options* o) { return parse_path(t, &o->plan_cache); }},
+    {{"MEMPLAN_REPORT", "unset", "a file path, or \"\"/0/off/none for none",
+      "JSON report written at exit: the plan (budget, predicted peak and time) and, per replayed "
+      "step, the measured peak; for benchmarks and tests."},
+     [](const std::string& t, Options* o) { return parse_path(t, &o->report); }},
     {{"MEMPLAN_LOG", "info", "error, warn, info or debug (case-insensitive)",
       "How much the agent prints to stderr (prefix \"[memplan] \")."},
      [](const std::string& t, Options* o) { return parse_log_level(t, &o->log); }},

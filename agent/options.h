@@ -29,6 +29,7 @@ struct Options {
   std::string profile_out = "memplan-profile.json";  // MEMPLAN_PROFILE_OUT; "" = none
   std::string plan;                                  // MEMPLAN_PLAN: load instead of planning
   std::string plan_cache;                            // MEMPLAN_PLAN_CACHE: dir; "" = no cache
+  std::string report;                                // MEMPLAN_REPORT: JSON report at exit
   LogLevel log = LogLevel::Info;                     // MEMPLAN_LOG
   bool summary = true;                               // MEMPLAN_SUMMARY
   bool nvtx = true;                                  // MEMPLAN_NVTX

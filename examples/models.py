@@ -167,7 +167,7 @@ def make_batch(name, step, batch=8, seq=64, gen=None, seq_len=None):
     g = torch.Generator().manual_seed(1000 + step)
     t = seq_len or seq
     if name == "mlp":
-        return torch.randn(batch * 4, 256, generator=g), torch.randint(0, 10, (batch * 4,), generator=g)
+        return torch.randn(batch * 64, 256, generator=g), torch.randint(0, 10, (batch * 64,), generator=g)
     if name in ("gpt2",):
         # Factory calls only (no slicing): the batch is made before the step's first op.
         return torch.randint(0, 512, (batch, t), generator=g), torch.randint(0, 512, (batch, t), generator=g)

@@ -180,9 +180,10 @@ def main():
         times.append(time.perf_counter() - t0)
         print(f"step {step} loss {total!r}", flush=True)
         if args.dump:
-            record["loss"].append(torch.tensor(total))
-            record["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()
-                                    if p.grad is not None})
+            with torch.no_grad():
+                record["loss"].append(torch.tensor(total))
+                record["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()
+                                        if p.grad is not None})
     if args.dump:
         torch.save(record, args.dump)
     if args.times:

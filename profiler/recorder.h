@@ -32,6 +32,7 @@ class Recorder {
   void op_start(const at::RecordFunction& fn);
   void op_end(const at::RecordFunction& fn);
   int64_t current_op() const { return current_op_; }
+  const Profile& current() const { return profile_; }
   int64_t current_node() const { return current_node_; }
 
   // A tensor autograd saves for backward, during the current forward op. Returns its value id.

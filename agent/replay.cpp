@@ -1,0 +1,637 @@
+#include "agent/replay.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/as_strided.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/StorageImpl.h>
+
+#include <cstring>
+
+#include "agent/log.h"
+#include "hooks/op_callbacks.h"
+#include "profiler/nvtx_ranges.h"
+#include "profiler/op_hash.h"
+
+namespace memplan {
+
+namespace {
+
+thread_local std::vector<at::Tensor>* tl_capture = nullptr;
+constexpr int kMaxDepth = 4000;  // a rebuild chain longer than the step itself means a cycle
+
+uint64_t hash_op(const Op& op) {
+  OpHasher h;
+  h.add_op(op);
+  return h.value();
+}
+
+bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) &&
+         a.storage_offset() == b.storage_offset() && a.scalar_type() == b.scalar_type();
+}
+
+// Restores a forward op's thread-local state around its re-run: grad mode on (the original ran
+// with autograd, which is what makes it pack internal tensors), its autocast state, and its RNG
+// state, leaving the user's RNG stream and autocast state as they were.
+class RerunState {
+ public:
+  RerunState(const std::vector<std::pair<at::Generator, at::Tensor>>& rng, bool cpu_ac,
+             at::ScalarType cpu_dt, bool cuda_ac, at::ScalarType cuda_dt)
+      : grad_(true),
+        cpu_ac_(at::autocast::is_autocast_enabled(at::kCPU)),
+        cuda_ac_(at::autocast::is_autocast_enabled(at::kCUDA)),
+        cpu_dt_(at::autocast::get_autocast_dtype(at::kCPU)),
+        cuda_dt_(at::autocast::get_autocast_dtype(at::kCUDA)) {
+    at::autocast::set_autocast_enabled(at::kCPU, cpu_ac);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda_ac);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dt);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dt);
+    for (const auto& [gen, state] : rng) {
+      at::Generator g = gen;
+      std::lock_guard<std::mutex> lock(g.mutex());
+      saved_rng_.emplace_back(g, g.get_state());
+      g.set_state(state);
+    }
+  }
+  ~RerunState() {
+    for (auto& [gen, state] : saved_rng_) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    }
+    at::autocast::set_autocast_enabled(at::kCPU, cpu_ac_);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda_ac_);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dt_);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dt_);
+  }
+
+ private:
+  at::AutoGradMode grad_;
+  bool cpu_ac_, cuda_ac_;
+  at::ScalarType cpu_dt_, cuda_dt_;
+  std::vector<std::pair<at::Generator, at::Tensor>> saved_rng_;
+};
+
+}  // namespace
+
+std::vector<at::Tensor>* Replayer::capture() { return tl_capture; }
+
+Replayer::Replayer(const Profile& profile, planner::Plan plan) : profile_(profile), plan_(std::move(plan)) {
+  const size_t n = profile_.forward.size();
+  op_hashes_.reserve(n);
+  for (const Op& op : profile_.forward) op_hashes_.push_back(hash_op(op));
+  evict_after_.resize(n);
+  hold_from_.resize(n);
+  for (const auto& e : plan_.evictions) {
+    if (e.after_fwd >= 0 && static_cast<size_t>(e.after_fwd) < n) evict_after_[e.after_fwd].push_back(e.value);
+  }
+  for (const auto& h : plan_.holds) {
+    if (h.from_fwd >= 0 && static_cast<size_t>(h.from_fwd) < n) hold_from_[h.from_fwd].push_back(h.value);
+  }
+  for (const auto& r : plan_.recomputes) recompute_before_[r.before_bwd] = &r;
+  for (const auto& r : plan_.releases) release_after_[r.after_bwd].push_back(r.value);
+}
+
+void Replayer::begin_step() {
+  diverged_ = false;
+  follow_nodes_ = true;
+  recipes_.clear();
+  slots_.clear();
+  rebuildable_op_.clear();
+  slot_by_impl_.clear();
+  slot_by_storage_.clear();
+  externals_.clear();
+  value_slot_.clear();
+  pending_.clear();
+  handles_.clear();
+  holds_.clear();
+  packs_in_op_ = 0;
+}
+
+TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) {
+  TensorSource src;
+  if (!t.defined()) {
+    src.kind = TensorSource::Kind::External;  // an undefined tensor rebuilds as itself
+    return src;
+  }
+  const uint32_t version = t.unsafeGetTensorImpl()->version_counter().current_version();
+  auto it = slot_by_impl_.find(t.unsafeGetTensorImpl());
+  if (it != slot_by_impl_.end()) {
+    const Slot& s = slots_[it->second.first][it->second.second];
+    if (!s.impl.expired() && s.version == version) {
+      src.kind = TensorSource::Kind::Slot;
+      src.op = it->second.first;
+      src.index = it->second.second;
+      return src;
+    }
+  }
+  if (t.has_storage()) {
+    auto st = slot_by_storage_.find(t.storage().unsafeGetStorageImpl());
+    if (st != slot_by_storage_.end()) {
+      const Slot& s = slots_[st->second.first][st->second.second];
+      auto base = s.impl.lock();
+      // Views share their base's version counter: equal versions mean no unrecorded write since.
+      if (base && s.version == version) {
+        src.kind = TensorSource::Kind::Slot;
+        src.op = st->second.first;
+        src.index = st->second.second;
+        at::Tensor b = at::Tensor(base);
+        if (!same_layout(b, t)) {
+          src.view = true;
+          src.sizes = t.sizes().vec();
+          src.strides = t.strides().vec();
+          src.offset = t.storage_offset();
+        }
+        return src;
+      }
+    }
+  }
+  auto ext = externals_.find(t.unsafeGetTensorImpl());
+  if (ext != externals_.end() || unknown_is_external) {
+    src.kind = TensorSource::Kind::External;
+    src.external = t;
+    externals_.emplace(t.unsafeGetTensorImpl(), t);
+    return src;
+  }
+  return src;  // None: the caller decides (an op's internal tensor)
+}
+
+void Replayer::check_divergence(int64_t op, const Op& recorded) {
+  if (diverged_) return;
+  if (static_cast<size_t>(op) >= op_hashes_.size() || hash_op(recorded) != op_hashes_[op]) {
+    diverged_ = true;
+    ++stats_.divergences;
+    log_once("divergence", LogLevel::Info,
+             fmt::format("step diverged from the profile at forward op {} ({}): evictions stop for "
+                         "this step, evicted tensors are rebuilt on demand, and the next steps are "
+                         "profiled again",
+                         op, recorded.name));
+  }
+}
+
+void Replayer::op_start(const at::RecordFunction& fn, int64_t op, const Op& recorded) {
+  if (static_cast<size_t>(op) >= recipes_.size()) {
+    recipes_.resize(op + 1);
+    slots_.resize(op + 1);
+    rebuildable_op_.resize(op + 1, false);
+  }
+  Recipe& r = recipes_[op];
+  r = Recipe();
+  packs_in_op_ = 0;
+  auto name = fn.operator_name();
+  if (!name) return;
+  r.op = c10::Dispatcher::singleton().findOp(*name);
+  if (!r.op || !r.op->hasSchema()) return;
+  const auto& schema = r.op->schema();
+  const auto inputs = fn.inputs();
+  if (inputs.size() != schema.arguments().size()) return;  // kwarg-only oddities: not rebuildable
+  r.valid = true;
+  r.args.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::IValue& iv = inputs[i];
+    Arg& a = r.args[i];
+    const auto* alias = schema.arguments()[i].alias_info();
+    a.written = alias != nullptr && alias->isWrite();
+    auto add = [&](const at::Tensor& t) {
+      a.tensors.push_back(source_of(t, /*unknown_is_external=*/true));
+      a.requires_grad.push_back(t.defined() && t.requires_grad());
+    };
+    if (iv.isTensor()) {
+      a.kind = Arg::Kind::Tensor;
+      add(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      a.kind = Arg::Kind::TensorList;
+      for (const at::Tensor& t : iv.toTensorVector()) add(t);
+    } else if (iv.isList() && iv.toListRef().size() > 0 && [&] {
+                 for (const auto& e : iv.toListRef()) {
+                   if (e.isTensor()) return true;
+                 }
+                 return false;
+               }()) {
+      a.kind = Arg::Kind::OptionalTensorList;
+      for (const auto& e : iv.toListRef()) {
+        a.present.push_back(e.isTensor());
+        if (e.isTensor()) add(e.toTensor());
+      }
+    } else {
+      a.constant = iv;
+      if (iv.isGenerator()) {
+        r.random = true;
+        r.rng.emplace_back(iv.toGenerator(), at::Tensor());
+      }
+    }
+  }
+  r.random = r.random || recorded.random;
+  if (r.random) {
+    if (r.rng.empty()) {
+      c10::Device dev(c10::kCPU);
+      for (const auto& a : r.args) {
+        for (const auto& s : a.tensors) {
+          if (s.kind == TensorSource::Kind::External && s.external.defined()) dev = s.external.device();
+        }
+      }
+      for (const TensorRef& t : recorded.inputs) (void)t;
+      // The op's tensors decide the default generator; a CPU default covers CPU dropout.
+      r.rng.emplace_back(at::globalContext().defaultGenerator(dev.is_cuda() ? dev : c10::Device(c10::kCPU)),
+                         at::Tensor());
+      if (!dev.is_cpu()) r.rng.emplace_back(at::detail::getDefaultCPUGenerator(), at::Tensor());
+    }
+    for (auto& [gen, state] : r.rng) {
+      at::Generator g = gen;
+      std::lock_guard<std::mutex> lock(g.mutex());
+      state = g.get_state();
+    }
+  }
+  r.autocast_cpu = at::autocast::is_autocast_enabled(at::kCPU);
+  r.autocast_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
+  r.autocast_cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  r.autocast_cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+}
+
+void Replayer::on_pack(const std::shared_ptr<SavedState>& s, const at::Tensor& t, int64_t op) {
+  s->op = op;
+  s->ordinal = packs_in_op_++;
+  pending_.push_back({s, t});
+  if (s->value >= 0) handles_[s->value].push_back(s);
+}
+
+bool Replayer::rebuildable(const TensorSource& src) const {
+  switch (src.kind) {
+    case TensorSource::Kind::Slot:
+    case TensorSource::Kind::Internal:
+      return src.op >= 0 && static_cast<size_t>(src.op) < rebuildable_op_.size() && rebuildable_op_[src.op];
+    case TensorSource::Kind::External:
+      return true;
+    case TensorSource::Kind::None:
+      return false;
+  }
+  return false;
+}
+
+void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, const Op* recorded) {
+  if (op < 0 || static_cast<size_t>(op) >= recipes_.size()) return;
+  if (dropped) {
+    recipes_[op] = Recipe();
+    slots_[op].clear();
+    pending_.clear();
+    return;
+  }
+  // Outputs become slots, in the order of the returned stack (lists flattened).
+  std::vector<Slot>& outs = slots_[op];
+  outs.clear();
+  std::vector<at::Tensor> out_tensors;
+  for (const c10::IValue& iv : fn.outputs()) {
+    if (iv.isTensor()) {
+      out_tensors.push_back(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      for (const at::Tensor& t : iv.toTensorVector()) out_tensors.push_back(t);
+    }
+  }
+  for (size_t k = 0; k < out_tensors.size(); ++k) {
+    const at::Tensor& t = out_tensors[k];
+    Slot s;
+    if (t.defined()) {
+      s.impl = c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr());
+      s.counter = t.unsafeGetTensorImpl()->version_counter();
+      s.version = s.counter.current_version();
+      if (t.has_storage() && t.layout() == at::kStrided) {
+        s.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl());
+        s.sizes = t.sizes().vec();
+        s.strides = t.strides().vec();
+        s.offset = t.storage_offset();
+        s.options = t.options();
+      }
+      slot_by_impl_[t.unsafeGetTensorImpl()] = {op, static_cast<int64_t>(k)};
+      if (t.has_storage()) slot_by_storage_[t.storage().unsafeGetStorageImpl()] = {op, static_cast<int64_t>(k)};
+    }
+    outs.push_back(std::move(s));
+  }
+  // Checked here, not at the start: an op the recorder leaves out (no tensor output) is no step.
+  if (recorded != nullptr) check_divergence(op, *recorded);
+  if (recorded != nullptr) {
+    size_t k = 0;
+    for (const TensorRef& ref : recorded->outputs) {
+      if (ref.value >= 0 && k < out_tensors.size()) value_slot_[ref.value] = {op, static_cast<int64_t>(k)};
+      ++k;
+    }
+  }
+  // Rebuildable if the recipe is complete and every tensor argument is.
+  bool ok = recipes_[op].valid;
+  for (const Arg& a : recipes_[op].args) {
+    for (const TensorSource& s : a.tensors) ok = ok && rebuildable(s);
+  }
+  rebuildable_op_[op] = ok;
+  // Saved tensors packed during this op: now that outputs are known, find their sources.
+  for (Pending& p : pending_) {
+    TensorSource src = source_of(p.original, /*unknown_is_external=*/false);
+    if (src.kind == TensorSource::Kind::None) {
+      src.kind = TensorSource::Kind::Internal;
+      src.op = op;
+      src.index = p.state->ordinal;
+    }
+    p.state->source = std::move(src);
+  }
+  pending_.clear();
+  if (!diverged_) {
+    evict_after(op);
+    for (int64_t v : hold_from_[op]) {
+      auto it = value_slot_.find(v);
+      if (it == value_slot_.end()) continue;
+      if (auto impl = slots_[it->second.first][it->second.second].impl.lock()) holds_[v] = at::Tensor(impl);
+    }
+  }
+}
+
+void Replayer::evict_after(int64_t op) {
+  for (int64_t v : evict_after_[op]) {
+    auto it = handles_.find(v);
+    if (it == handles_.end()) continue;
+    for (auto& w : it->second) {
+      auto s = w.lock();
+      if (!s || s->evicted || !s->tensor.defined()) continue;
+      if (s->source.kind == TensorSource::Kind::External || !rebuildable(s->source)) {
+        ++stats_.not_rebuildable;
+        continue;
+      }
+      s->meta_sizes = s->tensor.sizes().vec();
+      s->meta_dtype = s->tensor.scalar_type();
+      s->meta_cuda = s->tensor.is_cuda();
+      s->tensor.reset();
+      s->evicted = true;
+      ++stats_.evicted;
+    }
+  }
+}
+
+// Whether output `index` of `op` can be had without re-running it (alive, or its storage alive
+// and unchanged).
+bool Replayer::slot_available(int64_t op, int64_t index) const {
+  const Slot& s = slots_[op][index];
+  if (auto impl = s.impl.lock()) return impl->version_counter().current_version() == s.version;
+  return !s.storage.expired() && s.counter.enabled() && s.counter.current_version() == s.version;
+}
+
+void Replayer::count_uses(const TensorSource& src, Memo& memo, int depth) {
+  if (depth > kMaxDepth) throw std::runtime_error("memplan: rebuild chain too deep");
+  int64_t op = -1;
+  if (src.kind == TensorSource::Kind::Slot) {
+    if (src.op < 0 || static_cast<size_t>(src.op) >= slots_.size() ||
+        static_cast<size_t>(src.index) >= slots_[src.op].size()) {
+      throw std::runtime_error("memplan: rebuild refers to an unknown op output");
+    }
+    if (slot_available(src.op, src.index)) return;
+    ++memo.output_uses[{src.op, src.index}];
+    op = src.op;
+  } else if (src.kind == TensorSource::Kind::Internal) {
+    ++memo.pack_uses[{src.op, src.index}];
+    op = src.op;
+  } else {
+    return;
+  }
+  if (memo.will_run.size() <= static_cast<size_t>(op)) memo.will_run.resize(recipes_.size(), false);
+  if (memo.will_run[op]) return;
+  memo.will_run[op] = true;
+  for (const Arg& a : recipes_.at(op).args) {
+    for (const TensorSource& t : a.tensors) count_uses(t, memo, depth + 1);
+  }
+}
+
+namespace {
+// Takes one use of a memo entry; the entry goes at its last use.
+at::Tensor take(std::map<std::pair<int64_t, int64_t>, at::Tensor>& entries,
+                std::map<std::pair<int64_t, int64_t>, int>& uses, std::pair<int64_t, int64_t> key) {
+  auto e = entries.find(key);
+  if (e == entries.end()) return at::Tensor();
+  at::Tensor t = e->second;
+  auto u = uses.find(key);
+  if (u == uses.end() || --u->second <= 0) {
+    entries.erase(e);
+    if (u != uses.end()) uses.erase(u);
+  }
+  return t;
+}
+}  // namespace
+
+at::Tensor Replayer::slot_tensor(int64_t op, int64_t index, Memo& memo, int depth) {
+  if (at::Tensor t = take(memo.outputs, memo.output_uses, {op, index}); t.defined()) return t;
+  if (op < 0 || static_cast<size_t>(op) >= slots_.size() || static_cast<size_t>(index) >= slots_[op].size()) {
+    throw std::runtime_error("memplan: rebuild refers to an unknown op output");
+  }
+  const Slot& s = slots_[op][index];
+  if (auto impl = s.impl.lock()) {
+    at::Tensor live(impl);
+    if (impl->version_counter().current_version() == s.version) return live;
+  } else if (auto storage = s.storage.lock()) {
+    // The output tensor is gone but its storage is alive (a saved alias, a view) and unchanged:
+    // view it again instead of re-running the op.
+    if (s.counter.enabled() && s.counter.current_version() == s.version) {
+      at::Tensor t = at::empty({0}, s.options);
+      t.set_(c10::Storage(std::move(storage)), s.offset, s.sizes, s.strides);
+      return t;
+    }
+  }
+  if (memo.output_uses.find({op, index}) == memo.output_uses.end()) memo.output_uses[{op, index}] = 1;
+  run_op(op, memo, depth + 1);
+  at::Tensor t = take(memo.outputs, memo.output_uses, {op, index});
+  if (!t.defined()) throw std::runtime_error("memplan: re-run returned fewer outputs");
+  return t;
+}
+
+at::Tensor Replayer::resolve(const TensorSource& src, Memo& memo, int depth) {
+  if (depth > kMaxDepth) throw std::runtime_error("memplan: rebuild chain too deep");
+  switch (src.kind) {
+    case TensorSource::Kind::External:
+      return src.external;
+    case TensorSource::Kind::Slot: {
+      at::Tensor base = slot_tensor(src.op, src.index, memo, depth);
+      if (!src.view) return base;
+      return at::as_strided(base, src.sizes, src.strides, src.offset);
+    }
+    case TensorSource::Kind::Internal: {
+      const std::pair<int64_t, int64_t> key{src.op, src.index};
+      if (at::Tensor t = take(memo.packs, memo.pack_uses, key); t.defined()) return t;
+      if (memo.pack_uses.find(key) == memo.pack_uses.end()) memo.pack_uses[key] = 1;
+      run_op(src.op, memo, depth + 1);
+      at::Tensor t = take(memo.packs, memo.pack_uses, key);
+      if (!t.defined()) throw std::runtime_error("memplan: re-run packed fewer tensors");
+      return t;
+    }
+    case TensorSource::Kind::None:
+      break;
+  }
+  throw std::runtime_error("memplan: tensor has no source to rebuild it from");
+}
+
+void Replayer::run_op(int64_t op, Memo& memo, int depth) {
+  const Recipe& r = recipes_.at(op);
+  if (!r.valid || !r.op) throw std::runtime_error("memplan: no recipe to rebuild from");
+  torch::jit::Stack stack;
+  stack.reserve(r.args.size());
+  auto prepare = [&](const TensorSource& src, bool requires_grad, bool written) {
+    at::Tensor t = resolve(src, memo, depth);
+    if (!t.defined()) return t;
+    // Never let a re-run write a live tensor (BatchNorm running stats, in-place ops): scratch.
+    t = written ? t.detach().clone(at::MemoryFormat::Preserve) : t.detach();
+    if (requires_grad) t.requires_grad_(true);
+    return t;
+  };
+  for (const Arg& a : r.args) {
+    switch (a.kind) {
+      case Arg::Kind::Constant:
+        stack.push_back(a.constant);
+        break;
+      case Arg::Kind::Tensor:
+        stack.emplace_back(prepare(a.tensors[0], a.requires_grad[0], a.written));
+        break;
+      case Arg::Kind::TensorList: {
+        std::vector<at::Tensor> list;
+        for (size_t i = 0; i < a.tensors.size(); ++i) list.push_back(prepare(a.tensors[i], a.requires_grad[i], a.written));
+        stack.emplace_back(std::move(list));
+        break;
+      }
+      case Arg::Kind::OptionalTensorList: {
+        c10::List<std::optional<at::Tensor>> list;
+        size_t j = 0;
+        for (bool present : a.present) {
+          if (present) {
+            list.push_back(prepare(a.tensors[j], a.requires_grad[j], a.written));
+            ++j;
+          } else {
+            list.push_back(std::nullopt);
+          }
+        }
+        stack.emplace_back(std::move(list));
+        break;
+      }
+    }
+  }
+  std::vector<at::Tensor> packs;
+  {
+    AgentScope scope;  // our callbacks ignore the re-run
+    RerunState state(r.rng, r.autocast_cpu, r.autocast_cpu_dtype, r.autocast_cuda, r.autocast_cuda_dtype);
+    std::vector<at::Tensor>* outer = tl_capture;
+    tl_capture = &packs;
+    try {
+      r.op->callBoxed(&stack);
+    } catch (...) {
+      tl_capture = outer;
+      throw;
+    }
+    tl_capture = outer;
+  }
+  ++stats_.ops_rerun;
+  // Keep only what a planned use will take; the rest dies here.
+  int64_t k = 0;
+  auto keep_output = [&](const at::Tensor& t) {
+    const std::pair<int64_t, int64_t> key{op, k++};
+    if (memo.output_uses.count(key)) memo.outputs[key] = t.detach();
+  };
+  for (const c10::IValue& iv : stack) {
+    if (iv.isTensor()) {
+      keep_output(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      for (const at::Tensor& t : iv.toTensorVector()) keep_output(t);
+    }
+  }
+  for (size_t p = 0; p < packs.size(); ++p) {
+    const std::pair<int64_t, int64_t> key{op, static_cast<int64_t>(p)};
+    if (memo.pack_uses.count(key)) memo.packs[key] = packs[p];
+  }
+}
+
+void Replayer::rebuild(SavedState& s, Memo& memo) {
+  nvtx::ScopedRange range("memplan/recompute");
+  at::Tensor t = resolve(s.source, memo, 0);
+  s.tensor = t.defined() ? t.detach() : t;
+  s.evicted = false;
+  s.rebuilt = true;
+  ++stats_.rebuilt;
+}
+
+void Replayer::node_start(int64_t node, const std::string& name) {
+  if (diverged_ || !follow_nodes_) return;
+  if (static_cast<size_t>(node) >= profile_.backward.size() || profile_.backward[node].name != name) {
+    follow_nodes_ = false;  // the backward took another order: rely on on-demand rebuilds
+    log_once("node-order", LogLevel::Debug,
+             fmt::format("backward node {} ({}) differs from the profile; planned recomputes off", node, name));
+    return;
+  }
+  auto it = recompute_before_.find(node);
+  if (it == recompute_before_.end()) return;
+  Memo memo;
+  // Count every planned use first, so each intermediate goes at its last use.
+  for (int64_t v : it->second->keep) {
+    auto h = handles_.find(v);
+    bool had_handles = false;
+    if (h != handles_.end()) {
+      for (auto& w : h->second) {
+        auto s = w.lock();
+        if (!s) continue;
+        had_handles = true;
+        if (s->evicted) count_uses(s->source, memo, 0);
+      }
+    }
+    auto slot = value_slot_.find(v);
+    if (!had_handles && slot != value_slot_.end()) {
+      count_uses(TensorSource{TensorSource::Kind::Slot, slot->second.first, slot->second.second}, memo, 0);
+    }
+  }
+  for (int64_t v : it->second->keep) {
+    bool had_handles = false;
+    auto h = handles_.find(v);
+    if (h != handles_.end()) {
+      for (auto& w : h->second) {
+        auto s = w.lock();
+        if (!s) continue;
+        had_handles = true;
+        if (s->evicted) rebuild(*s, memo);
+      }
+    }
+    if (!had_handles) {
+      // A checkpoint a later recompute reads: keep it until its release.
+      auto slot = value_slot_.find(v);
+      if (slot != value_slot_.end()) holds_[v] = slot_tensor(slot->second.first, slot->second.second, memo, 0);
+    }
+  }
+}
+
+void Replayer::node_end(int64_t node) {
+  auto it = release_after_.find(node);
+  if (it == release_after_.end()) return;
+  for (int64_t v : it->second) holds_.erase(v);
+}
+
+at::Tensor Replayer::materialize(SavedState& s) {
+  if (!s.evicted) return s.tensor;
+  ++stats_.on_demand;
+  log_once("on-demand", LogLevel::Debug, "a saved tensor was needed before its planned recompute; rebuilt on demand");
+  Memo memo;
+  count_uses(s.source, memo, 0);
+  rebuild(s, memo);
+  return s.tensor;
+}
+
+void Replayer::end_step() {
+  // A graph kept with retain_graph may still unpack later: put every evicted tensor back while
+  // the recipes exist.
+  for (auto& [v, list] : handles_) {
+    for (auto& w : list) {
+      auto s = w.lock();
+      if (s && s->evicted) {
+        Memo memo;
+        try {
+          count_uses(s->source, memo, 0);
+          rebuild(*s, memo);
+        } catch (const std::exception& e) {
+          log_once("end-rebuild", LogLevel::Warn, std::string("could not restore a saved tensor: ") + e.what());
+        }
+      }
+    }
+  }
+  ++stats_.steps;
+  begin_step();  // drop the step's state now, not at the next step
+}
+
+}  // namespace memplan

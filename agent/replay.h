@@ -1,0 +1,147 @@
+// Replay: runs a plan's actions inside a training step, bit-identically.
+//
+// Correctness never depends on the plan (design.md §6). Every forward op of the step leaves a
+// recipe (its operator, its non-tensor arguments, where each tensor argument came from, RNG state
+// for random ops); every saved tensor knows its source (an op output, possibly viewed, or a tensor
+// made inside an op and packed by it). An evicted saved tensor can therefore always be rebuilt by
+// re-running its producer chain through the dispatcher, with autograd on so that ops which save
+// internal tensors (layer_norm's mean/rstd) hand them over through the same pack hook. The plan
+// only decides what is evicted, when, and which rebuilds are done ahead of the backward node that
+// needs them; anything needed earlier is rebuilt on demand at unpack.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "agent/saved.h"
+#include "planner/plan.h"
+#include "profiler/profile.h"
+
+namespace memplan {
+
+struct ReplayStats {
+  int64_t steps = 0;
+  int64_t evicted = 0;         // saved tensors dropped after their last forward use
+  int64_t rebuilt = 0;         // saved tensors put back (planned or on demand)
+  int64_t on_demand = 0;       // of which rebuilt at unpack, not ahead of time
+  int64_t ops_rerun = 0;       // forward ops re-run to rebuild them
+  int64_t not_rebuildable = 0; // evictions skipped: no recipe (custom Function internals...)
+  int64_t divergences = 0;
+  std::vector<int64_t> measured_peak;   // per replayed step, absolute allocated bytes
+  std::vector<int64_t> measured_baseline;
+};
+
+class Replayer {
+ public:
+  Replayer(const Profile& profile, planner::Plan plan);
+
+  const planner::Plan& plan() const { return plan_; }
+  bool diverged() const { return diverged_; }
+  ReplayStats& stats() { return stats_; }
+
+  void begin_step();
+  // A top-level forward op `op` (the recorder's index) starts / ends. `dropped` mirrors the
+  // recorder leaving out an op with no tensor output.
+  void op_start(const at::RecordFunction& fn, int64_t op, const Op& recorded);
+  void op_end(const at::RecordFunction& fn, int64_t op, bool dropped, const Op* recorded);
+  // A saved tensor packed during forward op `op` (value id from the recorder).
+  void on_pack(const std::shared_ptr<SavedState>& s, const at::Tensor& t, int64_t op);
+  // Backward node `node` (the recorder's index) starts / ends.
+  void node_start(int64_t node, const std::string& name);
+  void node_end(int64_t node);
+  // The tensor for an unpack: rebuilt first if it was evicted.
+  at::Tensor materialize(SavedState& s);
+  void end_step();
+
+  // While a rebuild re-runs an op with autograd on, the pack hook hands what it packs here.
+  static std::vector<at::Tensor>* capture();
+
+ private:
+  struct Arg {
+    enum class Kind : uint8_t { Constant, Tensor, TensorList, OptionalTensorList };
+    Kind kind = Kind::Constant;
+    c10::IValue constant;
+    std::vector<TensorSource> tensors;
+    std::vector<bool> requires_grad;
+    std::vector<bool> present;  // OptionalTensorList: which entries are tensors
+    bool written = false;       // schema says Tensor(a!): rebuild on a scratch copy
+  };
+  struct Recipe {
+    std::optional<c10::OperatorHandle> op;
+    std::vector<Arg> args;
+    bool valid = false;
+    bool random = false;
+    std::vector<std::pair<at::Generator, at::Tensor>> rng;  // generator, its state at op start
+    bool autocast_cpu = false, autocast_cuda = false;
+    at::ScalarType autocast_cpu_dtype = at::kBFloat16, autocast_cuda_dtype = at::kHalf;
+  };
+  // One output of a forward op. The Python-visible tensor often dies right after forward while
+  // its storage lives on in a saved alias: then the output is re-viewed from that storage.
+  struct Slot {
+    c10::weak_intrusive_ptr<c10::TensorImpl> impl{c10::intrusive_ptr<c10::TensorImpl>()};
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+    c10::VariableVersion counter{c10::VariableVersion::DISABLED};
+    uint32_t version = 0;
+    std::vector<int64_t> sizes, strides;
+    int64_t offset = 0;
+    at::TensorOptions options;
+  };
+  struct Pending {
+    std::shared_ptr<SavedState> state;
+    at::Tensor original;  // held until its op ends, so its identity cannot be reused meanwhile
+  };
+  // A rebuild's working set: op outputs and internal packs re-made so far.
+  // Entries are dropped at their last planned use (counted before anything runs), so a rebuild
+  // holds what the simulator assumes: each intermediate until its last reader.
+  struct Memo {
+    std::map<std::pair<int64_t, int64_t>, at::Tensor> outputs, packs;
+    std::map<std::pair<int64_t, int64_t>, int> output_uses, pack_uses;
+    std::vector<bool> will_run;  // per op: re-run planned
+  };
+
+  void check_divergence(int64_t op, const Op& recorded);
+  TensorSource source_of(const at::Tensor& t, bool unknown_is_external);
+  bool rebuildable(const TensorSource& src) const;
+  bool slot_available(int64_t op, int64_t index) const;
+  void count_uses(const TensorSource& src, Memo& memo, int depth);
+  at::Tensor resolve(const TensorSource& src, Memo& memo, int depth);
+  at::Tensor slot_tensor(int64_t op, int64_t index, Memo& memo, int depth);
+  void run_op(int64_t op, Memo& memo, int depth);
+  void rebuild(SavedState& s, Memo& memo);
+  void evict_after(int64_t op);
+
+  Profile profile_;
+  planner::Plan plan_;
+  std::vector<uint64_t> op_hashes_;                           // per profile forward op
+  std::vector<std::vector<int64_t>> evict_after_;             // per fwd op: values to evict
+  std::vector<std::vector<int64_t>> hold_from_;               // per fwd op: values to hold
+  std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;
+  std::unordered_map<int64_t, std::vector<int64_t>> release_after_;
+
+  // Step state.
+  bool diverged_ = false;
+  bool follow_nodes_ = true;  // backward nodes still match the profile
+  std::vector<Recipe> recipes_;
+  std::vector<std::vector<Slot>> slots_;
+  std::vector<bool> rebuildable_op_;
+  std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> slot_by_impl_;
+  std::unordered_map<const c10::StorageImpl*, std::pair<int64_t, int64_t>> slot_by_storage_;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> externals_;
+  std::unordered_map<int64_t, std::pair<int64_t, int64_t>> value_slot_;  // value -> latest slot
+  std::vector<Pending> pending_;
+  std::unordered_map<int64_t, std::vector<std::weak_ptr<SavedState>>> handles_;  // by value
+  std::unordered_map<int64_t, at::Tensor> holds_;
+  int64_t packs_in_op_ = 0;
+  ReplayStats stats_;
+};
+
+}  // namespace memplan
