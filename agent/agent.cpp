@@ -310,16 +310,6 @@ void Agent::finish_warmup() {
 }
 
 namespace {
-planner::Budget to_planner_budget(const Budget& b) {
-  planner::Budget out;
-  out.kind = b.kind == Budget::Kind::Bytes     ? planner::Budget::Kind::Bytes
-             : b.kind == Budget::Kind::Percent ? planner::Budget::Kind::Percent
-                                               : planner::Budget::Kind::None;
-  out.bytes = b.bytes;
-  out.percent = b.percent;
-  return out;
-}
-
 constexpr int64_t kReplayMargin = 2;  // percent of the activation memory, see obtain_plan
 
 std::string budget_key(const Budget& b) {
@@ -353,9 +343,16 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile) {
     planner::Plan plan;
     if (!planner::read_plan_file(opt.plan, &plan, &error)) {
       warn("MEMPLAN_PLAN={}: {}; planning from the profile instead", opt.plan, error);
-    } else if (!planner::validate_plan(plan, profile, &error)) {
-      warn("MEMPLAN_PLAN={} does not fit this run ({}); planning from the profile instead", opt.plan, error);
+    } else if (plan.profile_hash != profile.op_hash) {
+      warn("MEMPLAN_PLAN={} is for another op sequence (profile hash {} vs {}); planning from the "
+           "profile instead",
+           opt.plan, plan.profile_hash, profile.op_hash);
     } else {
+      // A plan the user gave is honoured even if the simulator disagrees with it: correctness
+      // never depends on the plan (a tensor needed before its recompute is rebuilt on demand).
+      if (!planner::validate_plan(plan, profile, &error)) {
+        warn("MEMPLAN_PLAN={} fails the simulator ({}); using it as given", opt.plan, error);
+      }
       return accept(std::move(plan), opt.plan);
     }
   }
@@ -380,7 +377,7 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile) {
   // script allocates differently from one step to the next) measured under 0.5% of the
   // activation memory on the demo model; 2% keeps the measured peak under the budget. Fall back
   // to the budget itself when the margin makes it infeasible.
-  const planner::Budget requested = to_planner_budget(opt.budget);
+  const planner::Budget requested = opt.budget;
   const int64_t requested_bytes = planner::budget_bytes(requested, profile);
   planner::Budget aimed;
   aimed.kind = planner::Budget::Kind::Bytes;

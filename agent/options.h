@@ -6,6 +6,8 @@
 // default is used. Torch-free and exception-free.
 #pragma once
 
+#include "planner/budget.h"
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -15,11 +17,10 @@ namespace memplan {
 
 enum class LogLevel { Error, Warn, Info, Debug };
 
-struct Budget {
-  enum class Kind { None, Bytes, Percent } kind = Kind::None;
-  int64_t bytes = 0;     // Kind::Bytes: cap on everything allocated during the step
-  double percent = 0;    // Kind::Percent: in (0, 1000], of the un-planned step's activation memory
-};
+// One budget type for the option, the offline CLI and the planner (planner/budget.h):
+// Kind::Bytes caps everything allocated during the step; Kind::Percent, in (0, 1000], is of the
+// un-planned step's activation memory.
+using Budget = planner::Budget;
 
 struct Options {
   bool disable = false;                              // MEMPLAN_DISABLE

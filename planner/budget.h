@@ -1,8 +1,6 @@
 // Memory budgets: absolute bytes (a cap on everything allocated during the step, baseline
 // included) or a percentage of the un-planned step's activation memory (peak - baseline), as
 // torch.compile's activation_memory_budget counts it: abs = baseline + pct/100 * (peak - baseline).
-// Same fields as memplan::Budget in agent/options.h (kept separate to avoid an ODR clash until the
-// lead unifies the two parsers).
 #pragma once
 
 #include <cstdint>
@@ -18,9 +16,8 @@ struct Budget {
   double percent = 0;  // Kind::Percent, e.g. 50 for 50%
 };
 
-// "300MiB", "1.5GB", "123456", "50%": units B, KiB/MiB/GiB/TiB, K/M/G/T (1024), KB/MB/GB/TB
-// (1000), case-insensitive. False and a message naming what is accepted otherwise.
-bool parse_budget_arg(const std::string& text, Budget* out, std::string* error);
+// Parsing ("300MiB", "50%") is memplan::parse_budget in agent/options.h, shared by the
+// MEMPLAN_BUDGET option and the memplan-plan CLI.
 
 // Absolute bytes for this profile (None: the un-planned peak, i.e. no limit).
 int64_t budget_bytes(const Budget& b, const Profile& p);

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "agent/options.h"
 #include "planner/budget.h"
 #include "planner/plan_io.h"
 #include "planner/planner.h"
@@ -60,7 +61,12 @@ int main(int argc, char** argv) {
   if (path.empty()) return usage("no profile given");
   Budget budget;
   std::string err;
-  if (!budget_text.empty() && !parse_budget_arg(budget_text, &budget, &err)) return usage(err);
+  if (!budget_text.empty() && !memplan::parse_budget(budget_text, &budget)) {
+    return usage(fmt::format("bad budget '{}': expected bytes with an optional unit (B, KiB, MiB, GiB, "
+                             "TiB, KB, MB, GB, TB), e.g. 300MiB, or a percentage of activation memory, "
+                             "e.g. 50%",
+                             budget_text));
+  }
 
   Profile prof;
   if (!read_profile_file(path, &prof, &err)) {

@@ -54,7 +54,7 @@ case "$mode" in
   demo)
     shift || true
     cd "$root"
-    MEMPLAN_BUILD="$build" exec "$root/tools/memplan-run" "$venv/bin/python" "$root/examples/gpt2_demo.py" "$@"
+    MEMPLAN_BUILD="$build" exec "$venv/bin/python" "$root/tools/demo.py" "$@"
     ;;
   test)
     cd "$build"

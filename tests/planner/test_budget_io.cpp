@@ -8,29 +8,6 @@
 using namespace memplan;
 using namespace memplan::planner;
 
-TEST(Budget, ParsesSizesAndPercents) {
-  Budget b;
-  std::string e;
-  ASSERT_TRUE(parse_budget_arg("300MiB", &b, &e));
-  EXPECT_EQ(b.kind, Budget::Kind::Bytes);
-  EXPECT_EQ(b.bytes, 300LL << 20);
-  ASSERT_TRUE(parse_budget_arg("1.5GB", &b, &e));
-  EXPECT_EQ(b.bytes, 1500000000LL);
-  ASSERT_TRUE(parse_budget_arg("123456", &b, &e));
-  EXPECT_EQ(b.bytes, 123456);
-  ASSERT_TRUE(parse_budget_arg("2 kib", &b, &e));
-  EXPECT_EQ(b.bytes, 2048);
-  ASSERT_TRUE(parse_budget_arg("64KB", &b, &e));
-  EXPECT_EQ(b.bytes, 64000);
-  ASSERT_TRUE(parse_budget_arg("50%", &b, &e));
-  EXPECT_EQ(b.kind, Budget::Kind::Percent);
-  EXPECT_DOUBLE_EQ(b.percent, 50);
-  for (const char* bad : {"", "abc", "-5MiB", "10XB", "0", "5%%", "1e3", "2000%", "MiB"}) {
-    EXPECT_FALSE(parse_budget_arg(bad, &b, &e)) << bad;
-    EXPECT_NE(e.find("bad budget"), std::string::npos);
-  }
-}
-
 TEST(Budget, PercentOfActivationMemory) {
   Profile p;
   p.baseline_bytes = 1000;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "agent/options.h"
 #include "planner/plan_io.h"
 #include "planner/planner.h"
 #include "planner/report.h"
@@ -29,7 +30,7 @@ std::string summaries(const std::string& name) {
   std::string out;
   for (const char* b : {"100%", "70%", "50%", "33%", "5%"}) {
     Budget budget;
-    EXPECT_TRUE(parse_budget_arg(b, &budget, &err));
+    EXPECT_TRUE(memplan::parse_budget(b, &budget));
     PlanResult r = pl.plan_for(budget);
     EXPECT_TRUE(r.ok) << r.error;
     EXPECT_TRUE(validate_plan(r.plan, p, &err)) << err;

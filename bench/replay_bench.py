@@ -1,0 +1,53 @@
+"""Replay benchmark: for each zoo model, budgets 100/70/50/33% and the minimum, the measured and
+predicted peaks, the median step time and the overhead against plain PyTorch, side by side in
+one run (configurations interleaved so machine noise hits them alike). Not a test.
+
+    MEMPLAN_BUILD=build python bench/replay_bench.py [--models gpt2,cnn] [--steps 12] [--rounds 1]
+"""
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import memplan_runs as mr  # noqa: E402
+
+BUDGETS = ["100%", "70%", "50%", "33%", "min"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="mlp,gpt2,cnn,views,tied,lstm")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every configuration, take medians")
+    args = ap.parse_args()
+    print(f"| model | budget | feasible | measured peak | predicted | error | act. measured | median step | overhead | identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for model in args.models.split(","):
+        plain_times, runs = [], {b: [] for b in BUDGETS}
+        plain = None
+        for _ in range(args.rounds):
+            plain = mr.run(model, args.steps, memplan=False)
+            plain_times.append(plain["step_s"])
+            for b in BUDGETS:
+                runs[b].append(mr.run(model, args.steps, budget="1%" if b == "min" else b))
+        t0 = statistics.median(plain_times)
+        for b in BUDGETS:
+            r = runs[b][-1]
+            rep = r["report"]
+            plan = rep.get("plan", {})
+            prof = rep["profile"]
+            act = prof["peak_bytes"] - prof["baseline_bytes"]
+            measured = mr.measured_peak(rep)
+            if measured is None:  # nothing to do under this budget: the step already fits
+                measured = prof["peak_bytes"]
+            pred = plan.get("predicted_peak_bytes", prof["peak_bytes"])
+            t = statistics.median(x["step_s"] for x in runs[b])
+            same, _ = mr.same_results(plain["dir"], r["dir"])
+            print(f"| {model} | {b} | {plan.get('feasible', True)} | {mr.mib(measured)} | {mr.mib(pred)} | "
+                  f"{100 * (measured / pred - 1):+.1f}% | {100 * (measured - prof['baseline_bytes']) / max(act, 1):.0f}% | "
+                  f"{1000 * t:.1f} ms | x{t / t0:.3f} | {'yes' if same else 'NO'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

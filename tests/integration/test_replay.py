@@ -1,0 +1,178 @@
+"""Replay: an unmodified training step fits MEMPLAN_BUDGET with losses and every gradient
+bit-identical (torch.equal) to the run without memplan, for each model of the zoo."""
+import json
+
+import pytest
+
+from conftest import Runner, assert_same_dumps, losses
+
+ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
+BUDGETS = ["70%", "50%", "min"]
+STEPS = 12  # 2 warm-up steps + 10 replayed optimizer steps
+TOLERANCE = 0.05  # measured peak within 5% of the predicted peak
+
+
+@pytest.fixture(scope="module")
+def plain_runs(tmp_path_factory):
+    cache = {}
+
+    def get(model, extra=()):
+        key = (model, tuple(extra))
+        if key not in cache:
+            r = Runner(tmp_path_factory.mktemp(f"plain-{model}"))
+            p = r.run(["--model", model, "--steps", STEPS, "--dump", "plain.pt", *extra])
+            cache[key] = (p.stdout, r.tmp / "plain.pt")
+        return cache[key]
+
+    return get
+
+
+def replay(runner, model, budget, extra=(), env=None):
+    e = {"MEMPLAN_BUDGET": "1%" if budget == "min" else budget, "MEMPLAN_REPORT": "report.json",
+         "MEMPLAN_WARMUP": 2}
+    e.update(env or {})
+    p = runner.run(["--model", model, "--steps", STEPS, "--dump", "agent.pt", *extra], mode="launcher", env=e)
+    report = json.loads((runner.tmp / "report.json").read_text())
+    return p, report
+
+
+def measured_peaks(report):
+    """Each replayed step's peak on the profile's baseline (the script may hold more outside)."""
+    base = report["plan"]["baseline_bytes"]
+    out = []
+    for r in report["replay"]:
+        out += [p - b + base for p, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
+    return out
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("model", ZOO)
+def test_zoo_bit_identical_within_budget(runner, plain_runs, model, budget):
+    stdout, plain_dump = plain_runs(model)
+    p, report = replay(runner, model, budget)
+    assert p.stdout == stdout and len(losses(stdout)) == STEPS
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    plan = report["plan"]
+    if budget == "min":
+        assert not plan["feasible"]
+        assert "below the minimum feasible" in p.stderr
+    if plan["feasible"]:
+        limit = plan["budget_bytes"]  # planned 2% under it: no slack given here
+    else:
+        # Below the minimum the minimum-memory plan runs, with no margin left to aim under it:
+        # its measured peak may exceed the predicted minimum by the simulator's error (< 1%).
+        limit = plan["min_feasible_bytes"] * 1.01
+    if report["phase"] == "done":  # a plan with no action: the step runs as it is
+        assert report["replay"] == []
+        assert abs(plan["predicted_peak_bytes"] / plan["unplanned_peak_bytes"] - 1) < 0.01
+        return
+    peaks = measured_peaks(report)
+    assert len(peaks) >= STEPS - 2
+    worst = max(peaks)
+    error = worst / plan["predicted_peak_bytes"] - 1
+    print(f"{model} {budget}: budget {plan['budget_bytes']} predicted {plan['predicted_peak_bytes']} "
+          f"measured {worst} error {100 * error:+.2f}%")
+    assert worst <= limit, (worst, limit)
+    assert abs(error) <= TOLERANCE, error
+    assert sum(r["divergences"] for r in report["replay"]) == 0
+
+
+def test_gpt2_budget_actually_lowers_the_peak(runner, plain_runs):
+    stdout, plain_dump = plain_runs("gpt2")
+    p, report = replay(runner, "gpt2", "50%")
+    plan = report["plan"]
+    act = plan["unplanned_peak_bytes"] - plan["baseline_bytes"]
+    assert plan["feasible"]
+    assert max(measured_peaks(report)) - plan["baseline_bytes"] <= 0.5 * act * 1.001
+    assert sum(r["evicted"] for r in report["replay"]) > 0
+    assert sum(r["on_demand"] for r in report["replay"]) == 0
+
+
+@pytest.mark.parametrize("extra", [["--torch-profiler"], ["--checkpoint"], ["--func"], ["--accum", "2"],
+                                   ["--eval-every", "3"]])
+def test_coexistence_with_a_budget(runner, plain_runs, extra):
+    stdout, plain_dump = plain_runs("gpt2", extra)
+    p, report = replay(runner, "gpt2", "50%", extra)
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+
+
+def test_inplace_error_unchanged_with_a_budget(runner):
+    args = ["--model", "mlp", "--steps", "3", "--inplace-error"]
+    plain = runner.run(args, check=False)
+    agent = runner.run(args, mode="launcher", check=False, env={"MEMPLAN_BUDGET": "50%", "MEMPLAN_WARMUP": 1})
+    assert plain.returncode != 0 and agent.returncode == plain.returncode
+    err = lambda s: [l for l in s.splitlines() if "modified by an inplace operation" in l]
+    assert err(plain.stderr) and err(agent.stderr) == err(plain.stderr)
+
+
+def test_divergence_stops_evicting_and_reprofiles(runner, plain_runs):
+    extra = ["--seq-change-at", "6"]
+    stdout, plain_dump = plain_runs("gpt2", extra)
+    p, report = replay(runner, "gpt2", "50%", extra)
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    assert sum(r["divergences"] for r in report["replay"]) == 1
+    assert len(report["replay"]) == 2  # a new plan for the new shapes after re-profiling
+    assert "diverged" in p.stderr
+
+
+def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
+    stdout, plain_dump = plain_runs("gpt2")
+    replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
+    cached = list((runner.tmp / "cache").glob("plan-*.json"))
+    assert len(cached) == 1
+    plan = json.loads(cached[0].read_text())
+    assert plan["evictions"] and plan["recomputes"]
+    plan["recomputes"] = []  # every evicted tensor is now needed before any planned recompute
+    (runner.tmp / "wrong.json").write_text(json.dumps(plan))
+    p, report = replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN": "wrong.json"})
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    assert "fails the simulator" in p.stderr
+    rep = report["replay"][0]
+    assert rep["evicted"] > 0 and rep["on_demand"] == rep["evicted"]
+
+
+def test_plan_cache_is_reused(runner):
+    args = ["--model", "gpt2", "--small", "--steps", "4"]
+    env = {"MEMPLAN_BUDGET": "50%", "MEMPLAN_PLAN_CACHE": "cache"}
+    runner.run(args, mode="launcher", env=env)
+    second = runner.run(args, mode="launcher", env=env)
+    assert "plan loaded from the cache" in second.stderr
+
+
+def test_budget_above_peak_takes_no_action(runner, plain_runs):
+    stdout, plain_dump = plain_runs("gpt2")
+    p, report = replay(runner, "gpt2", "200%")
+    assert p.stdout == stdout
+    assert report["phase"] == "done" and report["replay"] == []
+
+
+def test_corrupt_plan_file_falls_back(runner, plain_runs):
+    stdout, plain_dump = plain_runs("gpt2")
+    (runner.tmp / "bad.json").write_text('{"format": "memplan-plan", "version": 1, "evictions": [')
+    p, report = replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN": "bad.json"})
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    assert "MEMPLAN_PLAN=bad.json" in p.stderr and "planning from the profile instead" in p.stderr
+
+
+def test_torchrun_two_ranks_each_with_its_own_plan(runner):
+    import subprocess
+    import sys
+
+    from conftest import ROOT, clean_env
+
+    args = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541",
+            str(ROOT / "examples" / "train.py"), "--model", "gpt2", "--small", "--steps", "8", "--distributed",
+            "--dump", "d.pt"]
+    e = clean_env({"MEMPLAN_WARMUP": 2, "OMP_NUM_THREADS": 1, "MEMPLAN_BUDGET": "50%",
+                   "MEMPLAN_REPORT": "report.json"})
+    p = subprocess.run([str(ROOT / "tools" / "memplan-run"), sys.executable, *args], cwd=runner.tmp, env=e,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    for r in (0, 1):
+        rep = json.loads((runner.tmp / f"report.rank{r}.json").read_text())
+        # DDP's first iterations differ (bucket rebuild): a divergence, a re-profile, then replay.
+        assert rep["rank"] == r and any(x["evicted"] > 0 for x in rep["replay"])

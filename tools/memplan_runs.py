@@ -1,0 +1,75 @@
+"""Runs a training script with and without memplan and reads back what each run measured.
+Shared by tools/demo.py and bench/replay_bench.py (not part of the agent)."""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "train.py"
+LAUNCHER = ROOT / "tools" / "memplan-run"
+
+
+def _env(extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPLAN_") and k != "LD_PRELOAD"}
+    env.setdefault("MEMPLAN_BUILD", os.environ.get("MEMPLAN_BUILD", str(ROOT / "build")))
+    env["MEMPLAN_BUILD"] = os.environ.get("MEMPLAN_BUILD", str(ROOT / "build"))
+    env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def run(model, steps, budget=None, memplan=True, extra_args=(), python=sys.executable, warmup=2,
+        quiet=True, workdir=None):
+    """One run. budget=None with memplan=True profiles only. Returns a dict of what it measured."""
+    work = Path(workdir or tempfile.mkdtemp(prefix="memplan-run-"))
+    args = [str(python), str(TRAIN), "--model", model, "--steps", str(steps), "--dump", "dump.pt",
+            "--times", "times.json", *extra_args]
+    env = {"MEMPLAN_WARMUP": warmup, "MEMPLAN_REPORT": "report.json"}
+    if budget is not None:
+        env["MEMPLAN_BUDGET"] = budget
+    if quiet:
+        env["MEMPLAN_SUMMARY"] = 0
+    cmd = [str(LAUNCHER), *args] if memplan else args
+    p = subprocess.run(cmd, cwd=work, env=_env(env), capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-4000:]}")
+    out = {"dir": work, "stdout": p.stdout, "stderr": p.stderr}
+    times = json.loads((work / "times.json").read_text())
+    # Steps before and at the plan are warm-up; time the ones after.
+    out["step_s"] = statistics.median(times[warmup + 1:]) if len(times) > warmup + 1 else statistics.median(times)
+    rep = work / "report.json"
+    if memplan and rep.exists():
+        out["report"] = json.loads(rep.read_text())
+    return out
+
+
+def measured_peak(report):
+    """Median replayed-step peak on the profile's baseline, or None if nothing was replayed."""
+    plan = report.get("plan") or {}
+    base = plan.get("baseline_bytes", report.get("profile", {}).get("baseline_bytes", 0))
+    peaks = []
+    for r in report.get("replay", []):
+        peaks += [p - b + base for p, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
+    return statistics.median(peaks) if peaks else None
+
+
+def same_results(a_dir, b_dir):
+    """(identical, what differed) comparing two runs' dumps with torch.equal."""
+    import torch
+
+    a, b = torch.load(Path(a_dir) / "dump.pt"), torch.load(Path(b_dir) / "dump.pt")
+    for i, (x, y) in enumerate(zip(a["loss"], b["loss"])):
+        if not torch.equal(x, y):
+            return False, f"loss of step {i}"
+    for i, (ga, gb) in enumerate(zip(a["grads"], b["grads"])):
+        for name in ga:
+            if name not in gb or not torch.equal(ga[name], gb[name]):
+                return False, f"gradient of {name} at step {i}"
+    return len(a["loss"]) == len(b["loss"]) > 0, "number of steps"
+
+
+def mib(b):
+    return "-" if b is None else f"{b / 2**20:.1f} MiB"
