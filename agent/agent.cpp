@@ -239,9 +239,10 @@ void Agent::backward_begin() {
   }
 }
 
-void Agent::backward_end() {
-  if (inert_ || backward_depth_ == 0) return;
-  if (--backward_depth_ > 0) return;
+bool Agent::backward_end() {
+  if (inert_) return false;
+  if (backward_depth_ == 0) return phase_ != Phase::Done;
+  if (--backward_depth_ > 0) return true;
   std::lock_guard<std::mutex> lock(mu_);
   if (recording() && recorder_.in_step()) {
     Profile p = recorder_.end_step();
@@ -280,6 +281,7 @@ void Agent::backward_end() {
     }
   }
   ++steps_;
+  return phase_ != Phase::Done;
 }
 
 void Agent::finish_warmup() {
@@ -379,10 +381,13 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile) {
   // to the budget itself when the margin makes it infeasible.
   const planner::Budget requested = opt.budget;
   const int64_t requested_bytes = planner::budget_bytes(requested, profile);
-  planner::Budget aimed;
-  aimed.kind = planner::Budget::Kind::Bytes;
-  aimed.bytes = requested_bytes - kReplayMargin * (profile.peak_bytes - profile.baseline_bytes) / 100;
-  planner::PlanResult r = planner::make_plan(profile, aimed);
+  planner::PlanResult r;
+  if (requested_bytes < profile.peak_bytes) {
+    planner::Budget aimed;
+    aimed.kind = planner::Budget::Kind::Bytes;
+    aimed.bytes = requested_bytes - kReplayMargin * (profile.peak_bytes - profile.baseline_bytes) / 100;
+    r = planner::make_plan(profile, aimed);
+  }
   if (!r.ok || !r.plan.feasible) r = planner::make_plan(profile, requested);
   r.plan.budget_bytes = requested_bytes;
   r.messages.clear();

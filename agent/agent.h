@@ -39,7 +39,8 @@ class Agent final : public OpSink {
   at::Tensor unpack(const Saved& s);
   // Step boundaries (wrapped torch.autograd.backward / grad).
   void backward_begin();
-  void backward_end();
+  // False once the agent needs the saved-tensor hooks no more (the shim then removes them).
+  bool backward_end();
   // atexit: writes the outputs that are still pending and prints the summary.
   void finish();
   // In a forked child (DataLoader worker): inert from here on.

@@ -17,7 +17,7 @@ PYBIND11_MODULE(_memplan, m) {
   m.def("pack", [](const at::Tensor& t) { return Agent::get().pack(t); });
   m.def("unpack", [](const Saved& s) { return Agent::get().unpack(s); });
   m.def("backward_begin", [] { Agent::get().backward_begin(); });
-  m.def("backward_end", [] { Agent::get().backward_end(); });
+  m.def("backward_end", [] { return Agent::get().backward_end(); });
   m.def("finish", [] { Agent::get().finish(); });
   m.def("on_fork_child", [] { Agent::get().fork_child(); });
   m.def("phase", [] { return std::string(memplan::to_string(Agent::get().phase())); });

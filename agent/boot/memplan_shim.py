@@ -22,9 +22,17 @@ def install(torch, agent):
             try:
                 return fn(*args, **kwargs)
             finally:
-                agent.backward_end()
+                if not agent.backward_end():
+                    _drop_hooks()
 
         return wrapped
+
+    def _drop_hooks():
+        # The agent has nothing left to do (profile only, or a plan with no action): take our
+        # saved-tensor hooks off so later steps run exactly as plain PyTorch, at no cost.
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if top is not None and top[0] is pack:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
 
     torch.autograd.backward = _boundary(torch.autograd.backward)
     torch.autograd.grad = _boundary(torch.autograd.grad)
