@@ -263,6 +263,10 @@ bool Agent::backward_end() {
       replayer_->end_step();
       ReplayStats& st = replayer_->stats();
       if (!diverged) {
+        if (!replay_profile_) {
+          replay_profile_ = std::make_unique<Profile>(p);
+          replay_actions_ = replayer_->first_step_actions();
+        }
         st.measured_peak.push_back(p.peak_bytes);
         st.measured_baseline.push_back(p.baseline_bytes);
         if (log_enabled(LogLevel::Debug)) {
@@ -425,6 +429,13 @@ void Agent::finish() {
   if (phase_ == Phase::Warmup) {
     remove_op_callbacks();
     write_outputs();
+  }
+  if (replay_profile_ && !trace_path_.empty()) {
+    // The trace again, now with the first replayed step and the actions injected into it.
+    std::vector<Profile> steps = profiles_;
+    steps.push_back(*replay_profile_);
+    std::string error;
+    if (!write_trace_file(trace_path_, steps, &error, replay_actions_)) warn("trace not written: {}", error);
   }
   if (!options().report.empty()) write_report(rank_path(options().report, env_rank(), env_world_size()));
   if (!options().summary || profiles_.empty()) return;

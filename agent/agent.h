@@ -87,6 +87,8 @@ class Agent final : public OpSink {
   std::unique_ptr<Replayer> replayer_;
   std::vector<std::unique_ptr<Replayer>> replay_history_;  // replaced after a divergence
   PlanInfo plan_info_;
+  std::unique_ptr<Profile> replay_profile_;  // the first replayed step, for the trace
+  std::vector<TraceAction> replay_actions_;
 };
 
 }  // namespace memplan

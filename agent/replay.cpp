@@ -94,7 +94,19 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : profile_(profil
   for (const auto& r : plan_.releases) release_after_[r.after_bwd].push_back(r.value);
 }
 
+void Replayer::action(const std::string& name, std::chrono::steady_clock::time_point start, bool span) {
+  if (!span) nvtx::mark(name.c_str());
+  if (!logging_actions_) return;
+  const auto now = std::chrono::steady_clock::now();
+  TraceAction a;
+  a.name = name;
+  a.ts_us = std::chrono::duration<double, std::micro>(start - t0_).count();
+  a.dur_us = span ? std::chrono::duration<double, std::micro>(now - start).count() : 0;
+  actions_.push_back(std::move(a));
+}
+
 void Replayer::begin_step() {
+  t0_ = std::chrono::steady_clock::now();
   diverged_ = false;
   follow_nodes_ = true;
   recipes_.clear();
@@ -361,6 +373,9 @@ void Replayer::evict_after(int64_t op) {
       s->tensor.reset();
       s->evicted = true;
       ++stats_.evicted;
+      if (nvtx_enabled() || logging_actions_) {
+        action(fmt::format("memplan/evict value {} after op {}", v, op), std::chrono::steady_clock::now(), false);
+      }
     }
   }
 }
@@ -542,7 +557,6 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
 }
 
 void Replayer::rebuild(SavedState& s, Memo& memo) {
-  nvtx::ScopedRange range("memplan/recompute");
   at::Tensor t = resolve(s.source, memo, 0);
   s.tensor = t.defined() ? t.detach() : t;
   s.evicted = false;
@@ -560,6 +574,15 @@ void Replayer::node_start(int64_t node, const std::string& name) {
   }
   auto it = recompute_before_.find(node);
   if (it == recompute_before_.end()) return;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string label = fmt::format("memplan/recompute before node {}", node);
+  nvtx::ScopedRange range(label.c_str());
+  struct Done {
+    Replayer* r;
+    const std::string& label;
+    std::chrono::steady_clock::time_point start;
+    ~Done() { r->action(label, start, true); }
+  } done{this, label, start};
   Memo memo;
   // Count every planned use first, so each intermediate goes at its last use.
   for (int64_t v : it->second->keep) {
@@ -600,13 +623,26 @@ void Replayer::node_start(int64_t node, const std::string& name) {
 void Replayer::node_end(int64_t node) {
   auto it = release_after_.find(node);
   if (it == release_after_.end()) return;
-  for (int64_t v : it->second) holds_.erase(v);
+  for (int64_t v : it->second) {
+    if (holds_.erase(v) && (nvtx_enabled() || logging_actions_)) {
+      action(fmt::format("memplan/free value {} after node {}", v, node), std::chrono::steady_clock::now(), false);
+    }
+  }
 }
 
 at::Tensor Replayer::materialize(SavedState& s) {
   if (!s.evicted) return s.tensor;
   ++stats_.on_demand;
   log_once("on-demand", LogLevel::Debug, "a saved tensor was needed before its planned recompute; rebuilt on demand");
+  const auto start = std::chrono::steady_clock::now();
+  const std::string label = fmt::format("memplan/recompute value {} on demand", s.value);
+  nvtx::ScopedRange range(label.c_str());
+  struct Done {
+    Replayer* r;
+    const std::string& label;
+    std::chrono::steady_clock::time_point start;
+    ~Done() { r->action(label, start, true); }
+  } done{this, label, start};
   Memo memo;
   count_uses(s.source, memo, 0);
   rebuild(s, memo);
@@ -631,6 +667,7 @@ void Replayer::end_step() {
     }
   }
   ++stats_.steps;
+  logging_actions_ = false;
   begin_step();  // drop the step's state now, not at the next step
 }
 

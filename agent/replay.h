@@ -14,6 +14,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "agent/saved.h"
 #include "planner/plan.h"
 #include "profiler/profile.h"
+#include "profiler/trace_export.h"
 
 namespace memplan {
 
@@ -61,6 +63,9 @@ class Replayer {
   // The tensor for an unpack: rebuilt first if it was evicted.
   at::Tensor materialize(SavedState& s);
   void end_step();
+
+  // The actions of the first replayed step, for the trace (later steps repeat them).
+  const std::vector<TraceAction>& first_step_actions() const { return actions_; }
 
   // While a rebuild re-runs an op with autograd on, the pack hook hands what it packs here.
   static std::vector<at::Tensor>* capture();
@@ -142,6 +147,11 @@ class Replayer {
   std::unordered_map<int64_t, at::Tensor> holds_;
   int64_t packs_in_op_ = 0;
   ReplayStats stats_;
+  // Action log of the first replayed step: NVTX marks/ranges always, trace events for step 1.
+  void action(const std::string& name, std::chrono::steady_clock::time_point start, bool span);
+  std::chrono::steady_clock::time_point t0_;
+  std::vector<TraceAction> actions_;
+  bool logging_actions_ = true;
 };
 
 }  // namespace memplan

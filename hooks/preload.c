@@ -16,11 +16,13 @@
 #include <strings.h>
 #include <unistd.h>
 
+/* True only for the values the option table accepts as "on": a malformed value is the agent's
+ * to report (one warning, then the default: enabled), so it must not silence the agent here. */
 static int env_true(const char* name) {
   const char* v = getenv(name);
   if (!v || !*v) return 0;
-  return strcmp(v, "0") != 0 && strcasecmp(v, "false") != 0 && strcasecmp(v, "no") != 0 &&
-         strcasecmp(v, "off") != 0;
+  return strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0 ||
+         strcasecmp(v, "on") == 0;
 }
 
 static int is_python_process(void) {

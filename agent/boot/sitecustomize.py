@@ -27,8 +27,9 @@ def _chain_shadowed_sitecustomize():
 
 
 def _disabled():
-    v = os.environ.get("MEMPLAN_DISABLE", "")
-    return v not in ("", "0") and v.lower() not in ("false", "no", "off")
+    # Only the values the option table accepts as "on"; a malformed one is reported by the agent
+    # (one warning, then the default: enabled).
+    return os.environ.get("MEMPLAN_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _load_agent():

@@ -176,3 +176,25 @@ def test_torchrun_two_ranks_each_with_its_own_plan(runner):
         rep = json.loads((runner.tmp / f"report.rank{r}.json").read_text())
         # DDP's first iterations differ (bucket rebuild): a divergence, a re-profile, then replay.
         assert rep["rank"] == r and any(x["evicted"] > 0 for x in rep["replay"])
+
+
+def test_actions_in_nvtx_and_trace(runner):
+    import os
+
+    recorder = os.environ.get("MEMPLAN_TEST_NVTX_RECORDER")
+    if not recorder:
+        pytest.skip("built without NVTX3 headers")
+    log = runner.tmp / "nvtx.log"
+    runner.run(["--model", "gpt2", "--small", "--steps", "4"], mode="launcher",
+               env={"MEMPLAN_BUDGET": "50%", "NVTX_INJECTION64_PATH": recorder, "MEMPLAN_NVTX_LOG": log})
+    lines = log.read_text().splitlines()
+    for phase in ("memplan/warmup", "memplan/plan", "memplan/replay"):
+        assert f"push memplan {phase}" in lines
+    assert any(l.startswith("mark memplan memplan/evict value ") for l in lines)
+    assert any(l.startswith("push memplan memplan/recompute before node ") for l in lines)
+    trace = json.loads((runner.tmp / "memplan-trace.json").read_text())["traceEvents"]
+    steps = [e["name"] for e in trace if e.get("cat") == "phase"]
+    assert steps == ["memplan/warmup step 0", "memplan/warmup step 1", "memplan/replay step 2"]
+    actions = [e for e in trace if e.get("cat") == "action"]
+    assert any(e["name"].startswith("memplan/evict") for e in actions)
+    assert any(e["name"].startswith("memplan/recompute") and e["ph"] == "X" for e in actions)
