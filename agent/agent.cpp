@@ -244,6 +244,15 @@ bool Agent::backward_end() {
   if (backward_depth_ == 0) return phase_ != Phase::Done;
   if (--backward_depth_ > 0) return true;
   std::lock_guard<std::mutex> lock(mu_);
+  // Wall time of each whole iteration (backward end to backward end), by the phase it ran in:
+  // what recording and replay really cost, boxing and Python hooks included.
+  const auto now = std::chrono::steady_clock::now();
+  if (steps_ > 0) {
+    const double us = std::chrono::duration<double, std::micro>(now - last_backward_end_).count();
+    const int slot = recording() && recorder_.in_step() ? (phase_ == Phase::Warmup ? 0 : 2) : 1;
+    iteration_us_[slot].push_back(us);
+  }
+  last_backward_end_ = now;
   if (recording() && recorder_.in_step()) {
     Profile p = recorder_.end_step();
     if (timing_device_) {
@@ -316,7 +325,13 @@ void Agent::finish_warmup() {
 }
 
 namespace {
-constexpr int64_t kReplayMargin = 2;  // percent of the activation memory, see obtain_plan
+constexpr int64_t kReplayMargin = 2;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}  // percent of the activation memory, see obtain_plan
 
 std::string budget_key(const Budget& b) {
   if (b.kind == Budget::Kind::Bytes) return fmt::format("b{}", b.bytes);
@@ -443,6 +458,8 @@ void Agent::finish() {
   in.profile_path = profile_path_;
   in.trace_path = trace_path_;
   in.warmup_steps = static_cast<int>(profiles_.size());
+  in.recorded_step_us = median(iteration_us_[0]);
+  in.plain_step_us = median(iteration_us_[1]);
   std::string text = format_summary(profiles_.back(), in);
   if (replayer_ || !replay_history_.empty() || plan_info_.budget > 0) text += replay_summary();
   std::fputs(text.c_str(), stderr);
@@ -518,6 +535,10 @@ std::string Agent::replay_summary() const {
                      "activations), predicted {} (error {:+.1f}%)",
                      st.steps, format_bytes(med), pct(med), format_bytes(p.predicted_peak),
                      p.predicted_peak > 0 ? 100.0 * (static_cast<double>(med) / p.predicted_peak - 1.0) : 0.0));
+  }
+  if (!iteration_us_[2].empty()) {
+    line(fmt::format("replayed iterations: {:.2f} ms (median wall time, optimizer and data included)",
+                     median(iteration_us_[2]) / 1000));
   }
   line(fmt::format("saved tensors evicted {}, rebuilt {} ({} on demand), forward ops re-run {}, kept "
                    "(no recipe) {}, divergences {}",

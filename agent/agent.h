@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -87,6 +88,8 @@ class Agent final : public OpSink {
   std::unique_ptr<Replayer> replayer_;
   std::vector<std::unique_ptr<Replayer>> replay_history_;  // replaced after a divergence
   PlanInfo plan_info_;
+  std::chrono::steady_clock::time_point last_backward_end_;
+  std::vector<double> iteration_us_[3];  // iterations that recorded, ran plainly, replayed
   std::unique_ptr<Profile> replay_profile_;  // the first replayed step, for the trace
   std::vector<TraceAction> replay_actions_;
 };

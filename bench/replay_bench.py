@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import memplan_runs as mr  # noqa: E402
 
-BUDGETS = ["100%", "70%", "50%", "33%", "min"]
+BUDGETS = ["200%", "100%", "70%", "50%", "33%", "min"]
 
 
 def main():

@@ -11,6 +11,7 @@ namespace {
 struct Builder {
   const Graph& g;
   std::vector<char> evicted, checkpoint, kept;
+  int keep_byproducts = 0;  // keep evicted values an action recreates anyway (see .h)
   std::vector<int64_t> hold_until, last_read, keep_point;
 
   explicit Builder(const Graph& graph) : g(graph) {
@@ -50,6 +51,9 @@ struct Builder {
     }
   }
 };
+
+void emit_actions(const Graph& g, Builder& B, std::map<int64_t, std::vector<int64_t>>& targets,
+                  Plan* plan);
 
 }  // namespace
 
@@ -106,7 +110,31 @@ void build_actions(const Graph& g, const std::vector<Block>& blocks,
     if (owner[v] >= 0) at = std::min(at, blocks[owner[v]].anchor);
     targets[at].push_back(static_cast<int64_t>(v));
   }
+  emit_actions(g, B, targets, plan);
+}
 
+void build_eviction_actions(const Graph& g, const std::vector<Block>& blocks,
+                            const std::vector<char>& evict, const std::vector<char>& checkpoint,
+                            int keep_byproducts, Plan* plan) {
+  Builder B(g);
+  B.keep_byproducts = keep_byproducts;
+  plan->schedule.clear();
+  for (const Block& b : blocks) plan->schedule.push_back({b.first, b.last, Mode::Fe, 0});
+  std::map<int64_t, std::vector<int64_t>> targets;
+  for (size_t v = 0; v < evict.size() && v < B.evicted.size(); ++v) {
+    if (!evict[v] || !g.evictable[v]) continue;
+    B.evicted[v] = 1;
+    targets[g.first_unpack[v]].push_back(static_cast<int64_t>(v));
+  }
+  for (size_t v = 0; v < checkpoint.size() && v < B.checkpoint.size(); ++v)
+    if (checkpoint[v] && !g.persistent[v] && !B.evicted[v]) B.checkpoint[v] = 1;
+  emit_actions(g, B, targets, plan);
+}
+
+namespace {
+
+void emit_actions(const Graph& g, Builder& B, std::map<int64_t, std::vector<int64_t>>& targets,
+                  Plan* plan) {
   for (auto& [j, want] : targets) {
     std::set<int64_t> ops;
     std::vector<int64_t> keep;
@@ -116,6 +144,16 @@ void build_actions(const Graph& g, const std::vector<Block>& blocks,
       keep.push_back(v);
     }
     if (ops.empty()) continue;
+    if (B.keep_byproducts) {
+      int64_t lo = g.n_fwd;  // the earliest producer among this action's own targets
+      for (int64_t v : keep) lo = std::min(lo, g.producer(v));
+      for (int64_t o : ops)
+        for (int64_t v : g.produces[o])
+          if (B.evicted[v] && !B.kept[v] && g.first_unpack[v] > j &&
+              (B.keep_byproducts == 1 || o >= lo) &&
+              std::find(keep.begin(), keep.end(), v) == keep.end())
+            keep.push_back(v);
+    }
     for (int64_t v : keep) {
       B.kept[v] = 1;
       B.keep_point[v] = j;
@@ -154,5 +192,7 @@ void build_actions(const Graph& g, const std::vector<Block>& blocks,
     return a.after_bwd != b.after_bwd ? a.after_bwd < b.after_bwd : a.value < b.value;
   });
 }
+
+}  // namespace
 
 }  // namespace memplan::planner

@@ -20,4 +20,15 @@ void build_actions(const Graph& g, const std::vector<Block>& blocks,
                    const std::vector<BlockMenu>& menus, const std::vector<Sweep>& sweeps,
                    Plan* plan);
 
+// Whole-graph plan without blocks: evict each value of `evict` (per value, evictable ones only)
+// after its last forward use and rebuild it just before its first unpacking node, from what is
+// alive then; values of `checkpoint` may be held to serve those rebuilds. keep_byproducts: an
+// evicted value that an earlier rebuild recreates anyway is kept from then on instead of being
+// recomputed again at its own first unpack (memory for time): 0 never, 1 always, 2 only when its
+// producer is not before the earliest producer of that rebuild's own targets (not upstream). schedule lists the blocks as Fe/0
+// (informational).
+void build_eviction_actions(const Graph& g, const std::vector<Block>& blocks,
+                            const std::vector<char>& evict, const std::vector<char>& checkpoint,
+                            int keep_byproducts, Plan* plan);
+
 }  // namespace memplan::planner

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "planner/chain_dp.h"
+#include "planner/whole_graph.h"
 #include "planner/plan_builder.h"
 
 namespace memplan::planner {
@@ -123,6 +124,20 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
       c.time_us = s.time_us;
       cands_.push_back(std::move(c));
     }
+    // Whole-graph eviction plans (no block structure): more candidates for the same pick.
+    // Only inside the range the block/DP plans cover: they define the minimum-memory plan (the
+    // whole-graph plans that go lower cascade into very long recomputes).
+    int64_t dp_min = cands_.front().peak;
+    for (const Candidate& c : cands_) dp_min = std::min(dp_min, c.peak);
+    for (WholeGraphPlan& w : whole_graph_plans(g, blocks_, *solver, opt.whole_graph)) {
+      if (w.peak < dp_min) continue;
+      Candidate c;
+      c.slot = -2;
+      c.plan = std::move(w.plan);
+      c.peak = w.peak;
+      c.time_us = w.time_us;
+      cands_.push_back(std::move(c));
+    }
     std::stable_sort(cands_.begin(), cands_.end(), [](const Candidate& a, const Candidate& b) {
       return a.peak != b.peak ? a.peak < b.peak : a.time_us < b.time_us;
     });
@@ -145,7 +160,7 @@ PlanResult Planner::plan_for(const Budget& b) const {
     const Candidate* pick = nullptr;
     if (b.kind == Budget::Kind::None || budget >= unplanned_peak_) {
       for (const Candidate& c : cands_)
-        if (c.slot < 0) pick = &c;
+        if (c.slot == -1) pick = &c;
       r.messages.push_back(b.kind == Budget::Kind::None
                                ? "no budget: the empty plan"
                                : fmt::format("budget {} is at or above the un-planned peak {}: the empty plan",

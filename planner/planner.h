@@ -14,6 +14,7 @@
 #include "planner/blocks.h"
 #include "planner/budget.h"
 #include "planner/graph.h"
+#include "planner/whole_graph.h"
 #include "planner/plan.h"
 #include "planner/simulate.h"
 
@@ -23,6 +24,7 @@ struct PlannerOptions {
   BlockOptions blocks;
   IlpOptions ilp;
   int mem_slots = 300;         // DP memory discretisation
+  WholeGraphOptions whole_graph;  // extra whole-graph eviction candidates (whole_graph.h)
   double ilp_total_s = -1;     // all ILP solves together, then only the keep-all/evict-all
                                // options; < 0: auto, 1 s + 1.5 ms per forward op, at most 20 s
 };
@@ -39,7 +41,8 @@ struct Candidate {
   Plan plan;                   // actions and schedule only
   int64_t peak = 0;
   double time_us = 0;
-  int slot = -1;               // DP memory slot that produced it (-1: the empty plan)
+  int slot = -1;               // DP memory slot that produced it (-1: the empty plan,
+                               // -2: a whole-graph plan)
 };
 
 struct PlannerStats {

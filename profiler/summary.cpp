@@ -115,7 +115,7 @@ std::string format_summary(const Profile& p, const SummaryInputs& in) {
                      100.0 * p.overhead_us / step_us));
   }
   if (in.recorded_step_us > 0 && in.plain_step_us > 0) {
-    line(fmt::format("step wall time: {:.2f} ms while recording vs {:.2f} ms after (median): "
+    line(fmt::format("iteration wall time: {:.2f} ms while recording vs {:.2f} ms after (median): "
                      "profiling costs {:+.1f}%",
                      in.recorded_step_us / 1000.0, in.plain_step_us / 1000.0,
                      100.0 * (in.recorded_step_us / in.plain_step_us - 1.0)));

@@ -58,3 +58,26 @@ void golden(const std::string& name) {
 
 TEST(Golden, Transformer) { golden("transformer3"); }
 TEST(Golden, Resnet) { golden("resnet8"); }
+
+// The optional whole-graph candidates (off by default: their CBC solves are time-limited, so the
+// exact plans may vary between runs) may only add plans: every chosen plan still passes the
+// simulator under its budget and is never slower than the block planner's.
+TEST(WholeGraph, AddsOnlyFeasibleFasterPlansOnARecordedProfile) {
+  Profile p;
+  std::string err;
+  ASSERT_TRUE(read_profile_file(kDir + "gpt2_cpu.json", &p, &err)) << err;
+  PlannerOptions base;
+  PlannerOptions wide;
+  wide.whole_graph.enabled = true;
+  for (double pct : {60.0, 70.0, 80.0, 90.0}) {
+    const Budget b{Budget::Kind::Percent, 0, pct};
+    const PlanResult r0 = make_plan(p, b, base);
+    const PlanResult r1 = make_plan(p, b, wide);
+    ASSERT_TRUE(r0.ok && r1.ok);
+    ASSERT_TRUE(r1.plan.feasible) << pct;
+    std::string verr;
+    EXPECT_TRUE(validate_plan(r1.plan, p, &verr)) << pct << ": " << verr;
+    EXPECT_LE(r1.sim.peak, budget_bytes(b, p)) << pct;
+    EXPECT_LE(r1.plan.predicted_time_us, r0.plan.predicted_time_us + 1e-6) << pct;
+  }
+}

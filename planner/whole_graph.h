@@ -1,0 +1,40 @@
+// Whole-graph eviction plans (no blocks, no DP): the per-block ILP model of block_ilp.h applied to
+// the forward as one block, with "kept bytes <= total - need" for a range of `need` levels. Each
+// solution's eviction set becomes a plan in which every evicted value is rebuilt just before its
+// first unpacking node from what is alive then (build_eviction_actions), with and without keeping
+// the evicted values a rebuild recreates anyway; the simulator then measures each plan. These plans
+// join the block/DP candidates: the budget pick takes the fastest simulator-feasible plan that
+// fits, whichever pipeline made it. The block pipeline rebuilds whole blocks from checkpoints
+// (needed for the lowest budgets); this one rebuilds exactly the evicted values and shares reruns
+// across blocks, which is cheaper at moderate budgets.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/blocks.h"
+#include "planner/graph.h"
+#include "planner/milp.h"
+#include "planner/plan.h"
+
+namespace memplan::planner {
+
+struct WholeGraphOptions {
+  bool enabled = false;         // off by default: see the note in whole_graph.cpp
+  int levels = 32;              // eviction levels between nothing and everything evictable
+  int64_t max_ops = 3000;       // skipped above this many forward ops (the ILP grows with them)
+  double total_s = -1;          // all solves together; < 0: auto, 1.5 s + 0.5 ms per forward op, <= 2 s
+  double solve_time_s = 0.25;   // per solve
+  int64_t always_ops = 500;     // up to this many forward ops total_s does not cut levels
+};
+
+struct WholeGraphPlan {
+  Plan plan;                    // actions and schedule only
+  int64_t peak = 0;
+  double time_us = 0;
+};
+
+std::vector<WholeGraphPlan> whole_graph_plans(const Graph& g, const std::vector<Block>& blocks,
+                                              MilpSolver& solver, const WholeGraphOptions& opt);
+
+}  // namespace memplan::planner
