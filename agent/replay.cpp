@@ -105,6 +105,16 @@ void Replayer::action(const std::string& name, std::chrono::steady_clock::time_p
   actions_.push_back(std::move(a));
 }
 
+Replayer::ActionSpan::ActionSpan(Replayer* r, std::string name)
+    : r_(r), name_(std::move(name)), start_(std::chrono::steady_clock::now()) {
+  nvtx::range_push(name_.c_str());
+}
+
+Replayer::ActionSpan::~ActionSpan() {
+  nvtx::range_pop();
+  r_->action(name_, start_, true);
+}
+
 void Replayer::begin_step() {
   t0_ = std::chrono::steady_clock::now();
   diverged_ = false;
@@ -574,15 +584,7 @@ void Replayer::node_start(int64_t node, const std::string& name) {
   }
   auto it = recompute_before_.find(node);
   if (it == recompute_before_.end()) return;
-  const auto start = std::chrono::steady_clock::now();
-  const std::string label = fmt::format("memplan/recompute before node {}", node);
-  nvtx::ScopedRange range(label.c_str());
-  struct Done {
-    Replayer* r;
-    const std::string& label;
-    std::chrono::steady_clock::time_point start;
-    ~Done() { r->action(label, start, true); }
-  } done{this, label, start};
+  ActionSpan span(this, fmt::format("memplan/recompute before node {}", node));
   Memo memo;
   // Count every planned use first, so each intermediate goes at its last use.
   for (int64_t v : it->second->keep) {
@@ -634,15 +636,7 @@ at::Tensor Replayer::materialize(SavedState& s) {
   if (!s.evicted) return s.tensor;
   ++stats_.on_demand;
   log_once("on-demand", LogLevel::Debug, "a saved tensor was needed before its planned recompute; rebuilt on demand");
-  const auto start = std::chrono::steady_clock::now();
-  const std::string label = fmt::format("memplan/recompute value {} on demand", s.value);
-  nvtx::ScopedRange range(label.c_str());
-  struct Done {
-    Replayer* r;
-    const std::string& label;
-    std::chrono::steady_clock::time_point start;
-    ~Done() { r->action(label, start, true); }
-  } done{this, label, start};
+  ActionSpan span(this, fmt::format("memplan/recompute value {} on demand", s.value));
   Memo memo;
   count_uses(s.source, memo, 0);
   rebuild(s, memo);

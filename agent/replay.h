@@ -149,6 +149,19 @@ class Replayer {
   ReplayStats stats_;
   // Action log of the first replayed step: NVTX marks/ranges always, trace events for step 1.
   void action(const std::string& name, std::chrono::steady_clock::time_point start, bool span);
+  // A recompute as an NVTX range and a trace span, for its whole scope.
+  class ActionSpan {
+   public:
+    ActionSpan(Replayer* r, std::string name);
+    ~ActionSpan();
+    ActionSpan(const ActionSpan&) = delete;
+    ActionSpan& operator=(const ActionSpan&) = delete;
+
+   private:
+    Replayer* r_;
+    std::string name_;
+    std::chrono::steady_clock::time_point start_;
+  };
   std::chrono::steady_clock::time_point t0_;
   std::vector<TraceAction> actions_;
   bool logging_actions_ = true;

@@ -69,3 +69,23 @@ def assert_same_dumps(a, b):
         assert ga.keys() == gb.keys()
         for name in ga:
             assert torch.equal(ga[name], gb[name]), f"step {step}: gradient of {name} differs"
+
+
+def nvtx_recorder(tmp):
+    """(env, log path) that make NVTX write every range to a file (tests/nvtx_inject); skips the
+    test when the build had no NVTX3 headers."""
+    recorder = os.environ.get("MEMPLAN_TEST_NVTX_RECORDER")
+    if not recorder:
+        pytest.skip("built without NVTX3 headers")
+    log = Path(tmp) / "nvtx.log"
+    return {"NVTX_INJECTION64_PATH": recorder, "MEMPLAN_NVTX_LOG": log}, log
+
+
+def torchrun(tmp, script_args, env, port):
+    """`memplan-run python -m torch.distributed.run --nproc_per_node=2 examples/train.py ...`."""
+    args = [str(LAUNCHER), PY, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+            str(TRAIN), *map(str, script_args), "--distributed"]
+    e = clean_env({"OMP_NUM_THREADS": 1, **env})
+    p = subprocess.run(args, cwd=tmp, env=e, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return p

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import BUILD, ROOT, assert_same_dumps, clean_env, load_profile, losses
+from conftest import BUILD, assert_same_dumps, clean_env, load_profile, losses, nvtx_recorder, torchrun
 
 MODELS = ["mlp", "gpt2", "cnn"]
 
@@ -112,14 +112,7 @@ def test_python_without_torch_never_loads_agent(tmp_path):
 
 
 def test_torchrun_two_ranks(runner):
-    args = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533", str(ROOT / "examples" / "train.py"),
-            "--model", "mlp", "--small", "--steps", "3", "--distributed"]
-    import sys
-
-    e = clean_env({"MEMPLAN_WARMUP": 2, "OMP_NUM_THREADS": 1})
-    cmd = [str(ROOT / "tools" / "memplan-run"), sys.executable, *args]
-    p = subprocess.run(cmd, cwd=runner.tmp, env=e, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
+    torchrun(runner.tmp, ["--model", "mlp", "--small", "--steps", "3"], {"MEMPLAN_WARMUP": 2}, 29533)
     names = sorted(x.name for x in runner.tmp.glob("memplan-*.json"))
     assert names == ["memplan-profile.rank0.json", "memplan-profile.rank1.json",
                      "memplan-trace.rank0.json", "memplan-trace.rank1.json"], names
@@ -129,12 +122,8 @@ def test_torchrun_two_ranks(runner):
 
 
 def test_nvtx_ranges_through_injection(runner):
-    recorder = os.environ.get("MEMPLAN_TEST_NVTX_RECORDER")
-    if not recorder:
-        pytest.skip("built without NVTX3 headers")
-    log = runner.tmp / "nvtx.log"
-    runner.run(["--model", "mlp", "--small", "--steps", "3"], mode="launcher",
-               env={"NVTX_INJECTION64_PATH": recorder, "MEMPLAN_NVTX_LOG": log})
+    env, log = nvtx_recorder(runner.tmp)
+    runner.run(["--model", "mlp", "--small", "--steps", "3"], mode="launcher", env=env)
     lines = log.read_text().splitlines()
     assert "push memplan memplan/warmup" in lines
     assert "push memplan aten::linear" in lines

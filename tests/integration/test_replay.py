@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import Runner, assert_same_dumps, losses
+from conftest import Runner, assert_same_dumps, losses, nvtx_recorder, torchrun
 
 ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 BUDGETS = ["70%", "50%", "min"]
@@ -159,19 +159,8 @@ def test_corrupt_plan_file_falls_back(runner, plain_runs):
 
 
 def test_torchrun_two_ranks_each_with_its_own_plan(runner):
-    import subprocess
-    import sys
-
-    from conftest import ROOT, clean_env
-
-    args = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541",
-            str(ROOT / "examples" / "train.py"), "--model", "gpt2", "--small", "--steps", "8", "--distributed",
-            "--dump", "d.pt"]
-    e = clean_env({"MEMPLAN_WARMUP": 2, "OMP_NUM_THREADS": 1, "MEMPLAN_BUDGET": "50%",
-                   "MEMPLAN_REPORT": "report.json"})
-    p = subprocess.run([str(ROOT / "tools" / "memplan-run"), sys.executable, *args], cwd=runner.tmp, env=e,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
+    torchrun(runner.tmp, ["--model", "gpt2", "--small", "--steps", "8", "--dump", "d.pt"],
+             {"MEMPLAN_WARMUP": 2, "MEMPLAN_BUDGET": "50%", "MEMPLAN_REPORT": "report.json"}, 29541)
     for r in (0, 1):
         rep = json.loads((runner.tmp / f"report.rank{r}.json").read_text())
         # DDP's first iterations differ (bucket rebuild): a divergence, a re-profile, then replay.
@@ -179,14 +168,8 @@ def test_torchrun_two_ranks_each_with_its_own_plan(runner):
 
 
 def test_actions_in_nvtx_and_trace(runner):
-    import os
-
-    recorder = os.environ.get("MEMPLAN_TEST_NVTX_RECORDER")
-    if not recorder:
-        pytest.skip("built without NVTX3 headers")
-    log = runner.tmp / "nvtx.log"
-    runner.run(["--model", "gpt2", "--small", "--steps", "4"], mode="launcher",
-               env={"MEMPLAN_BUDGET": "50%", "NVTX_INJECTION64_PATH": recorder, "MEMPLAN_NVTX_LOG": log})
+    env, log = nvtx_recorder(runner.tmp)
+    runner.run(["--model", "gpt2", "--small", "--steps", "4"], mode="launcher", env={"MEMPLAN_BUDGET": "50%", **env})
     lines = log.read_text().splitlines()
     for phase in ("memplan/warmup", "memplan/plan", "memplan/replay"):
         assert f"push memplan {phase}" in lines
