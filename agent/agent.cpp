@@ -325,13 +325,13 @@ void Agent::finish_warmup() {
 }
 
 namespace {
-constexpr int64_t kReplayMargin = 2;
+constexpr int64_t kReplayMargin = 2;  // percent of the activation memory, see obtain_plan
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
-}  // percent of the activation memory, see obtain_plan
+}
 
 std::string budget_key(const Budget& b) {
   if (b.kind == Budget::Kind::Bytes) return fmt::format("b{}", b.bytes);
@@ -398,6 +398,12 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile) {
   // script allocates differently from one step to the next) measured under 0.5% of the
   // activation memory on the demo model; 2% keeps the measured peak under the budget. Fall back
   // to the budget itself when the margin makes it infeasible.
+  // The budget-independent work (blocks, ILP menus, candidates) is done once for both tries.
+  planner::Planner pl;
+  if (!pl.prepare(profile, {}, &error)) {
+    warn("no plan ({}); running plain PyTorch", error);
+    return std::nullopt;
+  }
   const planner::Budget requested = opt.budget;
   const int64_t requested_bytes = planner::budget_bytes(requested, profile);
   planner::PlanResult r;
@@ -405,17 +411,16 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile) {
     planner::Budget aimed;
     aimed.kind = planner::Budget::Kind::Bytes;
     aimed.bytes = requested_bytes - kReplayMargin * (profile.peak_bytes - profile.baseline_bytes) / 100;
-    r = planner::make_plan(profile, aimed);
+    r = pl.plan_for(aimed);
   }
-  if (!r.ok || !r.plan.feasible) r = planner::make_plan(profile, requested);
+  if (!r.ok || !r.plan.feasible) r = pl.plan_for(requested);
   r.plan.budget_bytes = requested_bytes;
-  r.messages.clear();
   plan_info_.planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r.ok) {
     warn("no plan ({}); running plain PyTorch", r.error);
     return std::nullopt;
   }
-  for (const std::string& m : r.messages) info("{}", m);
+  // The planner's own messages speak of the aimed budget; the user's budget is reported here.
   if (!r.plan.feasible) {
     warn("budget {} is below the minimum feasible {} for this step; running the minimum-memory plan",
          format_bytes(r.plan.budget_bytes), format_bytes(r.plan.min_feasible_bytes));

@@ -78,10 +78,11 @@ class RerunState {
 
 std::vector<at::Tensor>* Replayer::capture() { return tl_capture; }
 
-Replayer::Replayer(const Profile& profile, planner::Plan plan) : profile_(profile), plan_(std::move(plan)) {
-  const size_t n = profile_.forward.size();
+Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move(plan)) {
+  const size_t n = profile.forward.size();
   op_hashes_.reserve(n);
-  for (const Op& op : profile_.forward) op_hashes_.push_back(hash_op(op));
+  for (const Op& op : profile.forward) op_hashes_.push_back(hash_op(op));
+  for (const Op& node : profile.backward) node_names_.push_back(node.name);
   evict_after_.resize(n);
   hold_from_.resize(n);
   for (const auto& e : plan_.evictions) {
@@ -254,7 +255,6 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, const Op& reco
           if (s.kind == TensorSource::Kind::External && s.external.defined()) dev = s.external.device();
         }
       }
-      for (const TensorRef& t : recorded.inputs) (void)t;
       // The op's tensors decide the default generator; a CPU default covers CPU dropout.
       r.rng.emplace_back(at::globalContext().defaultGenerator(dev.is_cuda() ? dev : c10::Device(c10::kCPU)),
                          at::Tensor());
@@ -570,13 +570,12 @@ void Replayer::rebuild(SavedState& s, Memo& memo) {
   at::Tensor t = resolve(s.source, memo, 0);
   s.tensor = t.defined() ? t.detach() : t;
   s.evicted = false;
-  s.rebuilt = true;
   ++stats_.rebuilt;
 }
 
 void Replayer::node_start(int64_t node, const std::string& name) {
   if (diverged_ || !follow_nodes_) return;
-  if (static_cast<size_t>(node) >= profile_.backward.size() || profile_.backward[node].name != name) {
+  if (static_cast<size_t>(node) >= node_names_.size() || node_names_[node] != name) {
     follow_nodes_ = false;  // the backward took another order: rely on on-demand rebuilds
     log_once("node-order", LogLevel::Debug,
              fmt::format("backward node {} ({}) differs from the profile; planned recomputes off", node, name));

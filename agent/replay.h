@@ -124,9 +124,9 @@ class Replayer {
   void rebuild(SavedState& s, Memo& memo);
   void evict_after(int64_t op);
 
-  Profile profile_;
   planner::Plan plan_;
   std::vector<uint64_t> op_hashes_;                           // per profile forward op
+  std::vector<std::string> node_names_;                       // per profile backward node
   std::vector<std::vector<int64_t>> evict_after_;             // per fwd op: values to evict
   std::vector<std::vector<int64_t>> hold_from_;               // per fwd op: values to hold
   std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;

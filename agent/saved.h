@@ -47,7 +47,6 @@ struct SavedState {
   std::vector<int64_t> meta_sizes;
   at::ScalarType meta_dtype = at::kFloat;
   bool meta_cuda = false;
-  bool rebuilt = false;                           // tensor was recomputed (private, fresh version)
 };
 
 // What Python holds: a shared pointer, so the replay engine can reach the state of handles that

@@ -30,7 +30,6 @@ void Recorder::begin_step(int64_t step_index) {
   seq_end_.clear();
   slots_.clear();
   index_.clear();
-  saved_once_.clear();
   current_op_ = -1;
   current_node_ = -1;
   overhead_ns_ = 0;
@@ -60,7 +59,6 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
     v.kind = ValueKind::Input;
   }
   slots_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
-  saved_once_.push_back(0);
   index_[s] = id;
   return id;
 }
@@ -163,10 +161,7 @@ int64_t Recorder::on_pack(const at::Tensor& t) {
   if (op >= 0) push_unique(&v.saved_by, op);
   ++pack_counts_[id];
   ++packs_in_op_;
-  if (!saved_once_[id]) {
-    saved_once_[id] = 1;
-    v.saved_bytes = v.bytes;
-  }
+  v.saved_bytes = v.bytes;  // the whole storage, once however many tensors of it were saved
   return id;
 }
 

@@ -68,7 +68,6 @@ class Recorder {
   std::vector<ValueSlot> slots_;
   std::unordered_map<const c10::StorageImpl*, int64_t> index_;
   std::unordered_map<const char*, bool> random_by_name_;  // schema inspection cached per op name
-  std::vector<char> saved_once_;                         // per value: saved bytes counted
   std::unordered_map<int64_t, int64_t> pack_counts_;     // per value: pack handles made
   int64_t current_op_ = -1;
   int64_t packs_in_op_ = 0;
