@@ -233,7 +233,15 @@ at::Tensor Agent::unpack(const Saved& h) {
 
 void Agent::backward_begin() {
   if (inert_) return;
-  if (backward_depth_++ == 0 && recorder_.in_step()) {
+  if (backward_depth_ != 0) {
+    ++backward_depth_;
+    return;
+  }
+  ++backward_depth_;
+  // Forward ops are ignored during backward (op_start): stop the dispatcher boxing the arguments
+  // of every aten op the backward runs, only for us to drop them.
+  pause_forward_ops(true);
+  if (recorder_.in_step()) {
     OverheadTimer timer(&recorder_);
     recorder_.begin_backward();
   }
@@ -243,6 +251,7 @@ bool Agent::backward_end() {
   if (inert_) return false;
   if (backward_depth_ == 0) return phase_ != Phase::Done;
   if (--backward_depth_ > 0) return true;
+  pause_forward_ops(false);
   std::lock_guard<std::mutex> lock(mu_);
   // Wall time of each whole iteration (backward end to backward end), by the phase it ran in:
   // what recording and replay really cost, boxing and Python hooks included.

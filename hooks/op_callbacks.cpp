@@ -6,7 +6,11 @@ namespace memplan {
 namespace {
 
 std::atomic<OpSink*> g_sink{nullptr};
-at::CallbackHandle g_handle = 0;
+// Two callbacks so that boxing stays where it is needed: forward ops (needs inputs/outputs, can be
+// paused for backward) and backward nodes (no inputs, always on while installed).
+at::CallbackHandle g_ops = 0;
+at::CallbackHandle g_nodes = 0;
+bool g_ops_paused = false;
 thread_local int tl_depth = 0;       // nesting of autograd-level ops on this thread
 thread_local int tl_agent_scope = 0;
 
@@ -44,18 +48,30 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 void install_op_callbacks(OpSink* sink, CallbackNeeds needs) {
   remove_op_callbacks();
   g_sink.store(sink, std::memory_order_release);
-  at::RecordFunctionCallback cb(&on_start, &on_end);
-  cb.needsInputs(needs.inputs).needsOutputs(needs.outputs);
-  cb.scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
-  g_handle = at::addGlobalCallback(cb);
+  at::RecordFunctionCallback ops(&on_start, &on_end);
+  ops.needsInputs(needs.inputs).needsOutputs(needs.outputs);
+  ops.scopes({at::RecordScope::FUNCTION});
+  g_ops = at::addGlobalCallback(ops);
+  g_ops_paused = false;
+  at::RecordFunctionCallback nodes(&on_start, &on_end);
+  nodes.scopes({at::RecordScope::BACKWARD_FUNCTION});
+  g_nodes = at::addGlobalCallback(nodes);
 }
 
 void remove_op_callbacks() {
-  if (g_handle != 0) {
-    at::removeCallback(g_handle);
-    g_handle = 0;
+  for (at::CallbackHandle* h : {&g_ops, &g_nodes}) {
+    if (*h != 0) at::removeCallback(*h);
+    *h = 0;
   }
+  g_ops_paused = false;
   g_sink.store(nullptr, std::memory_order_release);
+}
+
+void pause_forward_ops(bool paused) {
+  if (g_ops == 0 || paused == g_ops_paused) return;
+  if (paused) at::disableCallback(g_ops);
+  else at::reenableCallback(g_ops);
+  g_ops_paused = paused;
 }
 
 AgentScope::AgentScope() { ++tl_agent_scope; }

@@ -1,4 +1,4 @@
-// RecordFunction interposition: registers one global callback and forwards top-level autograd
+// RecordFunction interposition: registers global callbacks and forwards top-level autograd
 // ops (seqNr >= 0, depth 0 on this thread) and backward nodes to a sink. No decisions here.
 #pragma once
 
@@ -23,6 +23,13 @@ struct CallbackNeeds {
 // (Re)installs the callback with the given needs; replaces a previous installation.
 void install_op_callbacks(OpSink* sink, CallbackNeeds needs);
 void remove_op_callbacks();
+
+// Stops / resumes observing forward ops (backward nodes stay observed). While paused the
+// dispatcher no longer boxes every op's arguments for us: the agent pauses for the whole of each
+// backward pass, whose aten ops it ignores anyway. Not thread-safe against install/remove (the
+// agent calls all three from the thread that runs the step). Cost: a global callback-table update
+// (a mutex and a version bump), twice per step.
+void pause_forward_ops(bool paused);
 
 // Thread-local guard: while alive, this thread's ops are invisible to the sink (the agent's own
 // work: recompute, copies). Cost: one TLS increment.

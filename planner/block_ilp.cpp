@@ -120,7 +120,8 @@ BlockOption closure_option(const BlockProblem& bp, const std::vector<char>& evic
 }
 
 MilpStatus solve_block_point(const BlockProblem& bp, MilpSolver& solver, int64_t save_budget,
-                             int64_t all_budget, double time_limit_s, BlockOption* out) {
+                             int64_t all_budget, const MilpLimits& limits, BlockOption* out,
+                             bool* clock_stopped) {
   const int nc = static_cast<int>(bp.cand_bytes.size());
   auto op_ok = [&](int o) { return o >= 0 && o < bp.n_ops; };
   bool sane = bp.cand_op.size() == bp.cand_bytes.size() && static_cast<int>(bp.time.size()) == bp.n_ops &&
@@ -158,7 +159,8 @@ MilpStatus solve_block_point(const BlockProblem& bp, MilpSolver& solver, int64_t
   all.hi = all_budget / scale - total + 1e-9;
   m.add_row(save);
   m.add_row(all);
-  MilpResult res = solver.solve(m, time_limit_s);
+  MilpResult res = solver.solve(m, limits);
+  if (clock_stopped != nullptr) *clock_stopped = res.clock_stopped;
   if (!res.has_solution()) return res.status;
   BlockOption o;
   o.evict.assign(nc, 0);
@@ -193,7 +195,7 @@ BlockMenu solve_block(const BlockProblem& bp, MilpSolver& solver, const IlpOptio
       for (int k = 1; k <= opt.grid_all; ++k) {
         const int64_t a = a_max * k / opt.grid_all;
         BlockOption o;
-        MilpStatus st = solve_block_point(bp, solver, s, a, opt.solve_time_s, &o);
+        MilpStatus st = solve_block_point(bp, solver, s, a, MilpLimits{opt.solve_time_s}, &o);
         ++menu.solves;
         if (st == MilpStatus::Optimal) ++menu.optimal;
         if (st == MilpStatus::Feasible || st == MilpStatus::NoSolution) ++menu.timeouts;

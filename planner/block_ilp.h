@@ -69,7 +69,8 @@ BlockOption closure_option(const BlockProblem& bp, const std::vector<char>& evic
 
 // Solves one (S, A) point. Returns the status; on a solution fills `out`.
 MilpStatus solve_block_point(const BlockProblem& bp, MilpSolver& solver, int64_t save_budget,
-                             int64_t all_budget, double time_limit_s, BlockOption* out);
+                             int64_t all_budget, const MilpLimits& limits, BlockOption* out,
+                             bool* clock_stopped = nullptr);
 
 BlockMenu solve_block(const BlockProblem& bp, MilpSolver& solver, const IlpOptions& opt);
 

@@ -32,9 +32,9 @@ struct MilpProblem {
 
 enum class MilpStatus {
   Optimal,     // proven optimal
-  Feasible,    // stopped by the time limit with a solution (not proven optimal)
+  Feasible,    // stopped by a limit with a solution (not proven optimal)
   Infeasible,  // proven infeasible
-  NoSolution,  // stopped by the time limit without a solution
+  NoSolution,  // stopped by a limit without a solution
   Error,       // the solver failed
 };
 
@@ -44,13 +44,21 @@ struct MilpResult {
   MilpStatus status = MilpStatus::Error;
   double objective = 0;
   std::vector<double> x;
+  bool clock_stopped = false;  // the time limit ended the search (the answer depends on timing)
   bool has_solution() const { return status == MilpStatus::Optimal || status == MilpStatus::Feasible; }
+};
+
+// Where a solve stops. A node limit makes the answer a function of the problem alone (CBC runs
+// single-threaded and is deterministic short of its clock); the time limit is the safety net.
+struct MilpLimits {
+  double seconds = 1.0;
+  int nodes = -1;  // branch-and-bound nodes; < 0: no limit
 };
 
 class MilpSolver {
  public:
   virtual ~MilpSolver() = default;
-  virtual MilpResult solve(const MilpProblem& p, double time_limit_s) = 0;
+  virtual MilpResult solve(const MilpProblem& p, const MilpLimits& limits) = 0;
 };
 
 std::unique_ptr<MilpSolver> make_cbc_solver();

@@ -23,7 +23,7 @@ namespace {
 
 class CbcSolver : public MilpSolver {
  public:
-  MilpResult solve(const MilpProblem& p, double time_limit_s) override {
+  MilpResult solve(const MilpProblem& p, const MilpLimits& limits) override {
     MilpResult r;
     try {
       const int n = p.n_vars();
@@ -61,10 +61,12 @@ class CbcSolver : public MilpSolver {
       model.setLogLevel(0);
       model.messageHandler()->setLogLevel(0);
       model.solver()->messageHandler()->setLogLevel(0);
-      model.setMaximumSeconds(time_limit_s > 0 ? time_limit_s : 1.0);
+      model.setMaximumSeconds(limits.seconds > 0 ? limits.seconds : 1.0);
+      if (limits.nodes >= 0) model.setMaximumNodes(limits.nodes);
       model.setNumberThreads(0);
       model.branchAndBound();
       const double* x = model.bestSolution();
+      r.clock_stopped = model.maximumSecondsReached();
       if (model.isProvenInfeasible()) {
         r.status = MilpStatus::Infeasible;
       } else if (x != nullptr) {
@@ -75,7 +77,8 @@ class CbcSolver : public MilpSolver {
         // Proven "optimal" with no incumbent happens when the LP itself is infeasible.
         r.status = MilpStatus::Infeasible;
       } else {
-        r.status = model.maximumSecondsReached() ? MilpStatus::NoSolution : MilpStatus::Infeasible;
+        r.status = model.maximumSecondsReached() || model.isNodeLimitReached() ? MilpStatus::NoSolution
+                                                                               : MilpStatus::Infeasible;
       }
     } catch (...) {
       r.status = MilpStatus::Error;  // CoinError or bad_alloc: never across the API

@@ -179,6 +179,7 @@ PlanResult Planner::plan_for(const Budget& b) const {
           activation_percent(pick->peak, prof_)));
     }
     r.plan = pick->plan;
+    r.whole_graph = pick->slot == -2;
     Plan& pl = r.plan;
     pl.version = kPlanVersion;
     pl.profile_hash = prof_.op_hash;

@@ -35,6 +35,7 @@ struct PlanResult {
   Plan plan;
   SimResult sim;               // the simulator's timeline of `plan`
   std::vector<std::string> messages;
+  bool whole_graph = false;    // the pick came from the whole-graph candidates (no block schedule)
 };
 
 struct Candidate {

@@ -20,7 +20,8 @@ std::string format_summary(const Planner& pl, const PlanResult& r, bool list_blo
   const PlannerStats& st = pl.stats();
   s += fmt::format("blocks: {} ({} distinct), {} candidate plans\n", st.blocks, st.distinct_blocks,
                    st.candidates);
-  if (list_blocks) {
+  if (r.whole_graph) s += "schedule: whole-graph evictions (each value rebuilt on its own; block modes unused)\n";
+  if (list_blocks && !r.whole_graph) {
     s += "  block  ops          input        candidates  options  mode\n";
     for (size_t i = 0; i < pl.blocks().size(); ++i) {
       const Block& b = pl.blocks()[i];

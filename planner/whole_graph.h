@@ -19,13 +19,14 @@
 
 namespace memplan::planner {
 
+// Every limit here counts work, not time, so the same profile always gives the same plans.
 struct WholeGraphOptions {
-  bool enabled = false;         // off by default: see the note in whole_graph.cpp
+  bool enabled = true;
   int levels = 32;              // eviction levels between nothing and everything evictable
-  int64_t max_ops = 3000;       // skipped above this many forward ops (the ILP grows with them)
-  double total_s = -1;          // all solves together; < 0: auto, 1.5 s + 0.5 ms per forward op, <= 2 s
-  double solve_time_s = 0.25;   // per solve
-  int64_t always_ops = 500;     // up to this many forward ops total_s does not cut levels
+  int64_t max_ops = 300;        // skipped above this many forward ops (~3 s at 130 ops, 13 s at 1,000)
+  int64_t level_ops = 20000;    // levels * forward ops at most: fewer levels on big graphs
+  int nodes = 200;              // branch-and-bound nodes per solve
+  double solve_time_s = 5;      // per solve, a safety net only (a solve stopped by it is dropped)
 };
 
 struct WholeGraphPlan {

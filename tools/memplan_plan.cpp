@@ -1,4 +1,4 @@
-// memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks]
+// memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks] [--no-whole-graph]
 // Offline planning: prints the blocks, the chosen schedule and predicted peak/time vs the
 // un-planned step. Exit status: 0 ok (also when the budget is below the minimum: the
 // minimum-memory plan is printed and flagged), 2 bad arguments or a malformed profile, 3 internal.
@@ -20,7 +20,7 @@ using namespace memplan::planner;
 namespace {
 
 const char* kUsage =
-    "usage: memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks]\n"
+    "usage: memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks] [--no-whole-graph]\n"
     "  B: bytes with a unit (300MiB, 1.5GB, 123456) or a percentage of activation memory (50%)\n";
 
 int usage(const std::string& why) {
@@ -33,6 +33,7 @@ int usage(const std::string& why) {
 int main(int argc, char** argv) {
   std::string path, out, budget_text;
   bool sweep = false, blocks = true;
+  PlannerOptions popt;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--budget" || a == "-b") {
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
       sweep = true;
     } else if (a == "--no-blocks") {
       blocks = false;
+    } else if (a == "--no-whole-graph") {
+      popt.whole_graph.enabled = false;
     } else if (a == "-h" || a == "--help") {
       fmt::print("{}", kUsage);
       return 0;
@@ -74,7 +77,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   Planner pl;
-  if (!pl.prepare(prof, PlannerOptions{}, &err)) {
+  if (!pl.prepare(prof, popt, &err)) {
     fmt::print(stderr, "memplan-plan: {}: {}\n", path, err);
     return 2;
   }

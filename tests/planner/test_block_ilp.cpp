@@ -85,7 +85,7 @@ TEST(BlockIlp, OptimumEqualsBruteForceOnTinyBlocks) {
       for (int64_t A : {tc / 2, tc, tc + to / 2, tc + to}) {
         const double want = brute(bp, S, A);
         BlockOption o;
-        MilpStatus st = solve_block_point(bp, *solver, S, A, 5.0, &o);
+        MilpStatus st = solve_block_point(bp, *solver, S, A, MilpLimits{5.0}, &o);
         if (want < 0) {
           EXPECT_EQ(st, MilpStatus::Infeasible) << "trial " << trial;
           continue;
@@ -116,10 +116,10 @@ TEST(BlockIlp, StatusNotExceptionOnInfeasible) {
   auto solver = make_cbc_solver();
   BlockOption o;
   // Keeping costs 100 > 10, evicting costs a rebuild of 100 > 10: infeasible.
-  EXPECT_EQ(solve_block_point(bp, *solver, 10, 10, 1.0, &o), MilpStatus::Infeasible);
+  EXPECT_EQ(solve_block_point(bp, *solver, 10, 10, MilpLimits{1.0}, &o), MilpStatus::Infeasible);
   // A malformed problem is an error status, not a crash.
   bp.cond = {{1, 0, 5}};
-  EXPECT_EQ(solve_block_point(bp, *solver, 1000, 1000, 1.0, &o), MilpStatus::Error);
+  EXPECT_EQ(solve_block_point(bp, *solver, 1000, 1000, MilpLimits{1.0}, &o), MilpStatus::Error);
 }
 
 TEST(BlockIlp, EveryOptionReplaysInTheSimulator) {
