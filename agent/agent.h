@@ -37,6 +37,8 @@ class Agent final : public OpSink {
   void node_end(const at::RecordFunction& fn) override;
   // Default saved-tensor hooks (called with the GIL held, from the op's autograd kernel).
   Saved pack(const at::Tensor& t);
+  // The shim pushed our hooks (again): remember which stack entry is ours.
+  void hooks_pushed();
   at::Tensor unpack(const Saved& s);
   // Step boundaries (wrapped torch.autograd.backward / grad).
   void backward_begin();
@@ -91,6 +93,10 @@ class Agent final : public OpSink {
   std::chrono::steady_clock::time_point last_backward_end_;
   std::vector<double> iteration_us_[3];  // iterations that recorded, ran plainly, replayed
   std::unique_ptr<Profile> replay_profile_;  // the first replayed step, for the trace
+  const void* our_pack_ = nullptr;  // our pack hook as stored on the default-hooks stack
+  bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
+  bool packs_prev_tracing_ = false;
+  bool our_hooks_on_top() const;
   std::vector<TraceAction> replay_actions_;
 };
 

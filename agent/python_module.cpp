@@ -16,6 +16,7 @@ PYBIND11_MODULE(_memplan, m) {
   // The default saved-tensor hooks: called from autograd kernels with the GIL held.
   m.def("pack", [](const at::Tensor& t) { return Agent::get().pack(t); });
   m.def("unpack", [](const Saved& s) { return Agent::get().unpack(s); });
+  m.def("hooks_pushed", [] { Agent::get().hooks_pushed(); });
   m.def("backward_begin", [] { Agent::get().backward_begin(); });
   m.def("backward_end", [] { return Agent::get().backward_end(); });
   m.def("finish", [] { Agent::get().finish(); });

@@ -5,6 +5,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/as_strided.h>
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
 
@@ -74,6 +75,19 @@ class RerunState {
   std::vector<std::pair<at::Generator, at::Tensor>> saved_rng_;
 };
 
+// A re-run must pack through our hooks (that is how internal tensors are recovered), also when
+// it happens inside an op whose own packs bypass them (Agent::op_start).
+class HooksOn {
+ public:
+  HooksOn() : prev_(at::SavedTensorDefaultHooks::set_tracing(false)) {}
+  ~HooksOn() { at::SavedTensorDefaultHooks::set_tracing(prev_); }
+  HooksOn(const HooksOn&) = delete;
+  HooksOn& operator=(const HooksOn&) = delete;
+
+ private:
+  bool prev_;
+};
+
 }  // namespace
 
 std::vector<at::Tensor>* Replayer::capture() { return tl_capture; }
@@ -93,6 +107,42 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
   }
   for (const auto& r : plan_.recomputes) recompute_before_[r.before_bwd] = &r;
   for (const auto& r : plan_.releases) release_after_[r.after_bwd].push_back(r.value);
+  // Values by position, from the profile: the k-th output / k-th pack of op i. The planned step
+  // runs the same ops (checked op by op), so these name the same storages without relying on the
+  // recorder's running numbering, which skipped packs would shift.
+  std::vector<char> evicted(profile.values.size(), 0);
+  for (const auto& e : plan_.evictions) {
+    if (e.value >= 0 && static_cast<size_t>(e.value) < evicted.size()) evicted[e.value] = 1;
+  }
+  value_bytes_.reserve(profile.values.size());
+  for (const Value& v : profile.values) value_bytes_.push_back(v.bytes);
+  output_values_.resize(n);
+  pack_values_.resize(n);
+  wants_packs_.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    for (const TensorRef& t : profile.forward[i].outputs) output_values_[i].push_back(t.value);
+    pack_values_[i] = profile.forward[i].packs;
+    for (int64_t v : pack_values_[i]) {
+      if (v >= 0 && static_cast<size_t>(v) < evicted.size() && evicted[v]) wants_packs_[i] = 1;
+    }
+  }
+}
+
+bool Replayer::wants_packs(int64_t op) const {
+  return diverged_ || op < 0 || static_cast<size_t>(op) >= wants_packs_.size() || wants_packs_[op];
+}
+
+int64_t Replayer::planned_value(int64_t op, int64_t ordinal, const at::Tensor& t) const {
+  if (op < 0 || static_cast<size_t>(op) >= pack_values_.size()) return -1;
+  const std::vector<int64_t>& packs = pack_values_[op];
+  if (ordinal < 0 || static_cast<size_t>(ordinal) >= packs.size()) return -1;
+  const int64_t v = packs[ordinal];
+  // A sanity check on the mapping: the same storage size as profiled.
+  if (v < 0 || static_cast<size_t>(v) >= value_bytes_.size() || !t.has_storage() ||
+      static_cast<int64_t>(t.storage().nbytes()) != value_bytes_[v]) {
+    return -1;
+  }
+  return v;
 }
 
 void Replayer::action(const std::string& name, std::chrono::steady_clock::time_point start, bool span) {
@@ -276,7 +326,9 @@ void Replayer::on_pack(const std::shared_ptr<SavedState>& s, const at::Tensor& t
   s->op = op;
   s->ordinal = packs_in_op_++;
   pending_.push_back({s, t});
-  if (s->value >= 0) handles_[s->value].push_back(s);
+  if (diverged_) return;
+  const int64_t v = planned_value(op, s->ordinal, t);
+  if (v >= 0) handles_[v].push_back(s);
 }
 
 bool Replayer::rebuildable(const TensorSource& src) const {
@@ -332,10 +384,10 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, co
   }
   // Checked here, not at the start: an op the recorder leaves out (no tensor output) is no step.
   if (recorded != nullptr) check_divergence(op, *recorded);
-  if (recorded != nullptr) {
+  if (recorded != nullptr && !diverged_) {
     size_t k = 0;
-    for (const TensorRef& ref : recorded->outputs) {
-      if (ref.value >= 0 && k < out_tensors.size()) value_slot_[ref.value] = {op, static_cast<int64_t>(k)};
+    for (int64_t v : output_values_[op]) {
+      if (v >= 0 && k < out_tensors.size()) value_slot_[v] = {op, static_cast<int64_t>(k)};
       ++k;
     }
   }
@@ -535,6 +587,7 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
   std::vector<at::Tensor> packs;
   {
     AgentScope scope;  // our callbacks ignore the re-run
+    HooksOn hooks;
     RerunState state(r.rng, r.autocast_cpu, r.autocast_cpu_dtype, r.autocast_cuda, r.autocast_cuda_dtype);
     std::vector<at::Tensor>* outer = tl_capture;
     tl_capture = &packs;

@@ -38,6 +38,8 @@ struct ReplayStats {
   int64_t ops_rerun = 0;       // forward ops re-run to rebuild them
   int64_t not_rebuildable = 0; // evictions skipped: no recipe (custom Function internals...)
   int64_t divergences = 0;
+  int64_t ops_hooked = 0;       // forward ops whose packs went through our hooks
+  int64_t ops_unhooked = 0;     // ... and whose saved tensors were left to autograd
   std::vector<int64_t> measured_peak;   // per replayed step, absolute allocated bytes
   std::vector<int64_t> measured_baseline;
 };
@@ -55,8 +57,12 @@ class Replayer {
   // recorder leaving out an op with no tensor output.
   void op_start(const at::RecordFunction& fn, int64_t op, const Op& recorded);
   void op_end(const at::RecordFunction& fn, int64_t op, bool dropped, const Op* recorded);
-  // A saved tensor packed during forward op `op` (value id from the recorder).
+  // A saved tensor packed during (or, for a custom Function, just after) forward op `op`.
   void on_pack(const std::shared_ptr<SavedState>& s, const at::Tensor& t, int64_t op);
+  // Whether op `op`'s packs must come through our hooks: it saves a value the plan evicts (or the
+  // step has left the profile). The others' saved tensors stay with autograd, as without memplan,
+  // and cost no Python call.
+  bool wants_packs(int64_t op) const;
   // Backward node `node` (the recorder's index) starts / ends.
   void node_start(int64_t node, const std::string& name);
   void node_end(int64_t node);
@@ -114,6 +120,7 @@ class Replayer {
   };
 
   void check_divergence(int64_t op, const Op& recorded);
+  int64_t planned_value(int64_t op, int64_t ordinal, const at::Tensor& t) const;
   TensorSource source_of(const at::Tensor& t, bool unknown_is_external);
   bool rebuildable(const TensorSource& src) const;
   bool slot_available(int64_t op, int64_t index) const;
@@ -131,6 +138,10 @@ class Replayer {
   std::vector<std::vector<int64_t>> hold_from_;               // per fwd op: values to hold
   std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;
   std::unordered_map<int64_t, std::vector<int64_t>> release_after_;
+  std::vector<int64_t> value_bytes_;                          // per profile value
+  std::vector<std::vector<int64_t>> output_values_;           // per fwd op: value of each output
+  std::vector<std::vector<int64_t>> pack_values_;             // per fwd op: value of each pack
+  std::vector<char> wants_packs_;                             // per fwd op
 
   // Step state.
   bool diverged_ = false;

@@ -27,6 +27,8 @@ def parse():
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around each GPT-2 block")
     p.add_argument("--torch-profiler", action="store_true", help="run step 1 under torch.profiler.profile()")
     p.add_argument("--func", action="store_true", help="call a torch.func transform each step")
+    p.add_argument("--user-hooks", action="store_true",
+                   help="compute the loss under the script's own saved_tensors_hooks; print how many packs they saw")
     p.add_argument("--inplace-error", action="store_true", help="modify a saved tensor in place (autograd error)")
     p.add_argument("--seq-change-at", type=int, default=-1, help="GPT-2: sequence length changes from this step")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
@@ -147,8 +149,23 @@ def main():
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.__enter__()
             x, y = x.to(args.device), y.to(args.device)
-            out = model(x)
-            loss = models.loss_fn(args.model, out, y) / args.accum
+            user_packs = [0, 0]  # packs, unpacks seen by the script's own hooks
+            if args.user_hooks:
+                def user_pack(t):
+                    user_packs[0] += 1
+                    return t
+
+                def user_unpack(t):
+                    user_packs[1] += 1
+                    return t
+
+                out = model(x)
+                # Only the loss: the model's own activations stay with memplan (when it runs).
+                with torch.autograd.graph.saved_tensors_hooks(user_pack, user_unpack):
+                    loss = models.loss_fn(args.model, out, y) / args.accum
+            else:
+                out = model(x)
+                loss = models.loss_fn(args.model, out, y) / args.accum
             if args.inplace_error and step == 1:
                 # exp saves its result; modifying it in place must fail in backward
                 h = (out[0] if isinstance(out, tuple) else out).exp()
@@ -157,6 +174,8 @@ def main():
             if step == args.saved_bytes_step and micro == 0:
                 print(f"SAVED_BYTES {saved_bytes(loss)}")
             loss.backward()
+            if args.user_hooks:
+                print(f"step {step} user hooks: {user_packs[0]} packs, {user_packs[1]} unpacks")
             if prof is not None:
                 prof.__exit__(None, None, None)
                 if step == args.profile_step:

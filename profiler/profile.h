@@ -41,6 +41,8 @@ struct Op {
   uint64_t thread = 0;              // forward thread id; a backward node reports its forward's
   std::vector<TensorRef> inputs;
   std::vector<TensorRef> outputs;
+  std::vector<int64_t> packs;       // forward ops: values its autograd node saved, in pack order
+                                    // (a value saved twice appears twice)
   int64_t fwd_op = -1;              // backward nodes: index of the forward op that created it
   double start_us = 0;              // since step start, monotonic clock
   double time_us = 0;               // the op's cost the planner uses: CPU wall time on CPU;

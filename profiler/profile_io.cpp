@@ -54,6 +54,7 @@ json op_to_json(const Op& op) {
   for (const auto& t : op.inputs) j["inputs"].push_back(tensor_to_json(t));
   j["outputs"] = json::array();
   for (const auto& t : op.outputs) j["outputs"].push_back(tensor_to_json(t));
+  if (!op.packs.empty()) j["packs"] = op.packs;
   return j;
 }
 
@@ -89,6 +90,7 @@ void op_from_json(const json& j, Op* op) {
   op->random = j.value("random", false);
   for (const auto& t : j.value("inputs", json::array())) tensor_from_json(t, &op->inputs.emplace_back());
   for (const auto& t : j.value("outputs", json::array())) tensor_from_json(t, &op->outputs.emplace_back());
+  op->packs = j.value("packs", std::vector<int64_t>());
 }
 
 bool in_range(int64_t i, size_t n) { return i >= 0 && static_cast<size_t>(i) < n; }
@@ -110,6 +112,12 @@ bool check_op(const Op& op, const std::string& where, size_t nvalues, std::strin
                              t.value, nvalues);
         return false;
       }
+    }
+  }
+  for (int64_t v : op.packs) {
+    if (!in_range(v, nvalues)) {
+      *error = fmt::format("{}: packs value {} but there are {} values", where, v, nvalues);
+      return false;
     }
   }
   return true;

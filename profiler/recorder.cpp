@@ -154,11 +154,14 @@ void Recorder::op_end(const at::RecordFunction& fn) {
 int64_t Recorder::on_pack(const at::Tensor& t) {
   // pack runs inside the op's autograd kernel; a pack outside any recorded op (a custom
   // autograd.Function saving at the end of apply) belongs to the op just finished.
-  int64_t op = current_op_ >= 0 ? current_op_ : static_cast<int64_t>(profile_.forward.size()) - 1;
+  const int64_t op = pack_owner();
   const int64_t id = value_of(t, op);
   if (id < 0) return -1;
   Value& v = profile_.values[id];
-  if (op >= 0) push_unique(&v.saved_by, op);
+  if (op >= 0) {
+    push_unique(&v.saved_by, op);
+    profile_.forward[op].packs.push_back(id);
+  }
   ++pack_counts_[id];
   ++packs_in_op_;
   v.saved_bytes = v.bytes;  // the whole storage, once however many tensors of it were saved

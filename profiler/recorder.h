@@ -32,6 +32,11 @@ class Recorder {
   void op_start(const at::RecordFunction& fn);
   void op_end(const at::RecordFunction& fn);
   int64_t current_op() const { return current_op_; }
+  // The op a pack now belongs to: the running op, else the one just finished (a custom
+  // autograd.Function saves after its last op); -1 before the step's first op.
+  int64_t pack_owner() const {
+    return current_op_ >= 0 ? current_op_ : static_cast<int64_t>(profile_.forward.size()) - 1;
+  }
   const Profile& current() const { return profile_; }
   int64_t current_node() const { return current_node_; }
 

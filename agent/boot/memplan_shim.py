@@ -14,6 +14,7 @@ def install(torch, agent):
         return
     pack, unpack = agent.pack, agent.unpack
     torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+    agent.hooks_pushed()
 
     def _boundary(fn):
         @functools.wraps(fn)

@@ -37,6 +37,7 @@ Profile sample() {
   lin.thread = 99;
   lin.inputs = {{0, {4, 25}, "Float"}, {-1, {}, ""}};
   lin.outputs = {{1, {4, 50}, "Float"}};
+  lin.packs = {0, 1, 0};
   lin.start_us = 1;
   lin.time_us = 5;
   lin.live_before = 1400;
@@ -91,6 +92,7 @@ void expect_op_eq(const Op& a, const Op& b) {
   for (size_t i = 0; i < a.inputs.size(); ++i) expect_tensor_eq(a.inputs[i], b.inputs[i]);
   ASSERT_EQ(a.outputs.size(), b.outputs.size());
   for (size_t i = 0; i < a.outputs.size(); ++i) expect_tensor_eq(a.outputs[i], b.outputs[i]);
+  EXPECT_EQ(a.packs, b.packs);
 }
 
 void expect_profile_eq(const Profile& a, const Profile& b) {
@@ -208,6 +210,7 @@ TEST(ProfileIO, RejectsOtherInconsistencies) {
   expect_rejected(mutate([](auto& j) { j["values"][0]["kind"] = "weird"; }), "unknown kind");
   expect_rejected(mutate([](auto& j) { j["forward"][0]["outputs"][0]["value"] = 99; }), "value 99");
   expect_rejected(mutate([](auto& j) { j["backward"][0]["fwd_op"] = 5; }), "forward op 5");
+  expect_rejected(mutate([](auto& j) { j["forward"][0]["packs"] = {0, 42}; }), "packs value 42");
   expect_rejected(mutate([](auto& j) { j["values"][1]["unpacked_by"] = {4}; }), "unpacked by 4");
   expect_rejected(mutate([](auto& j) { j["peak_bytes"] = 10; }), "below baseline_bytes");
   expect_rejected(mutate([](auto& j) { j["forward"][0]["time_us"] = "slow"; }), "forward op 0");
