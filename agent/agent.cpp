@@ -269,6 +269,10 @@ void Agent::backward_begin() {
     return;
   }
   ++backward_depth_;
+  if (packs_off_) {  // a backward inside a forward op (a Python-kernel custom op): hooks back on
+    at::SavedTensorDefaultHooks::set_tracing(packs_prev_tracing_);
+    packs_off_ = false;
+  }
   // Forward ops are ignored during backward (op_start): stop the dispatcher boxing the arguments
   // of every aten op the backward runs, only for us to drop them.
   pause_forward_ops(true);

@@ -3,8 +3,10 @@ predicted peaks, the median step time and the overhead against plain PyTorch, si
 one run (configurations interleaved so machine noise hits them alike). Not a test.
 
     MEMPLAN_BUILD=build python bench/replay_bench.py [--models gpt2,cnn] [--steps 12] [--rounds 1]
+        [--budgets 100%,50%] [--train-args "--device cuda --batch 32"]
 """
 import argparse
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -20,19 +22,23 @@ def main():
     ap.add_argument("--models", default="mlp,gpt2,cnn,views,tied,lstm")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=1, help="repeat every configuration, take medians")
+    ap.add_argument("--budgets", default=",".join(BUDGETS), help="comma-separated; 'min' is below any minimum")
+    ap.add_argument("--train-args", default="", help="extra examples/train.py arguments, e.g. '--device cuda'")
     args = ap.parse_args()
+    budgets = args.budgets.split(",")
+    extra = shlex.split(args.train_args)
     print(f"| model | budget | feasible | measured peak | predicted | error | act. measured | median step | overhead | identical |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
-        plain_times, runs = [], {b: [] for b in BUDGETS}
+        plain_times, runs = [], {b: [] for b in budgets}
         plain = None
         for _ in range(args.rounds):
-            plain = mr.run(model, args.steps, memplan=False)
+            plain = mr.run(model, args.steps, memplan=False, extra_args=extra)
             plain_times.append(plain["step_s"])
-            for b in BUDGETS:
-                runs[b].append(mr.run(model, args.steps, budget="1%" if b == "min" else b))
+            for b in budgets:
+                runs[b].append(mr.run(model, args.steps, budget="1%" if b == "min" else b, extra_args=extra))
         t0 = statistics.median(plain_times)
-        for b in BUDGETS:
+        for b in budgets:
             r = runs[b][-1]
             rep = r["report"]
             plan = rep.get("plan", {})

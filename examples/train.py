@@ -117,6 +117,9 @@ def main():
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
+    if args.device.startswith("cuda"):
+        # Deterministic cuBLAS (required by use_deterministic_algorithms); read at its first handle.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     model = models.build(args.model, small=args.small).to(args.device)

@@ -2,14 +2,16 @@
 # The GPU check (design.md §9), one script for a lent device machine: builds the agent there
 # against that machine's torch, runs a small GPT-like training under it (tests/gpu/
 # profile_check.py, MEMPLAN_WARMUP=2) and prints, last, a table of per-op CUPTI vs CUDA-event
-# times (top 10) and the agent's step peak vs torch.cuda.max_memory_allocated.
+# times (top 10) and the agent's step peak vs torch.cuda.max_memory_allocated; then the replay
+# benchmark of the GPT-2 demo on the device (issue 4's targets: overhead at 50% and 33%, peaks,
+# bit-identical results), bench/replay_bench.py, budgets 100/50/33%.
 #
 # Prepare once here: tools/gpu_prepare.sh (fills the ignored .gpu-deps/: fmt, nlohmann-json,
 # CBC, pkgconf unpacked from Debian packages). Then, as one device call:
 #   run(command="bash tools/gpu_check.sh", carry=[".gpu-deps"], timeout_s=420)
-# Budget: configure ~20 s, build ~1-3 min on 16 cores, run ~30 s; each phase has a timeout so
-# the whole stays under 5 minutes. Results also land in $OUT (build.log, run.log, profile.json,
-# table.txt, trace.json).
+# Budget: configure ~20 s, build ~1-3 min on 16 cores, run ~30 s, replay ~1-2 min; each phase has
+# a timeout so the whole stays under 7 minutes. Results also land in $OUT (build.log, run.log,
+# profile.json, table.txt, trace.json, replay.txt).
 #
 # CPU fallbacks, to test the script without a GPU:
 #   --cpu            run the model on the CPU (no GPU numbers; checks the run and the table)
@@ -109,3 +111,11 @@ step table
 echo
 echo "================ memplan GPU check ($device, $((SECONDS - t0)) s) ================"
 "$py" "$root/tests/gpu/profile_table.py" "$out/profile.json" "$out/run.log" --top 10 | tee "$out/table.txt"
+
+step replay
+# Plain vs MEMPLAN_BUDGET on the same device, interleaved; a failure here keeps the table above.
+echo
+echo "================ memplan replay ($device): GPT-2 demo, batch 32 ================"
+MEMPLAN_BUILD="$build" timeout 300 "$py" "$root/bench/replay_bench.py" --models gpt2 --steps 12 \
+  --budgets 100%,50%,33% --train-args "--device $device --batch 32" 2>&1 | tee "$out/replay.txt" ||
+  echo "gpu_check: the replay benchmark failed (see $out/replay.txt)"
