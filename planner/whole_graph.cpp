@@ -10,8 +10,9 @@
 
 namespace memplan::planner {
 
-// Measured on tests/data/profiles/gpt2_cpu.json: these plans beat the block/DP plans above ~60%
-// of activation memory (72%: +8.2% -> +5.9%, 86%: +3.8% -> +1.9%), and on resnet8 at 53-70%. Every
+// Measured on tests/data/profiles/gpt2_cpu.json: these plans beat the block/DP plans at 45-90% of
+// activation memory (45%: +24.7% -> +21.5%, 70%: +9.1% -> +6.9%, 80%: +5.7% -> +3.6%), and on
+// resnet8 at 53-94% (70%: +6.2% -> +2.7%). Every
 // solve is bounded by a node count, not the clock, so the plans are a function of the profile
 // (the golden tests hold them to that); a solve the safety clock stops is dropped, not used.
 
