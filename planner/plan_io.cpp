@@ -1,13 +1,11 @@
 #include "planner/plan_io.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "planner/graph.h"
 #include "planner/simulate.h"
+#include "profiler/text_file.h"
 
 namespace memplan::planner {
 
@@ -127,28 +125,12 @@ bool plan_from_json(const std::string& text, Plan* out, std::string* error) {
 }
 
 bool write_plan_file(const std::string& path, const Plan& p, std::string* error) {
-  std::ofstream f(path);
-  if (!f) {
-    *error = fmt::format("cannot open {} for writing", path);
-    return false;
-  }
-  f << plan_to_json(p) << "\n";
-  if (!f) {
-    *error = fmt::format("write to {} failed", path);
-    return false;
-  }
-  return true;
+  return write_text_file(path, plan_to_json(p), error);
 }
 
 bool read_plan_file(const std::string& path, Plan* out, std::string* error) {
-  std::ifstream f(path);
-  if (!f) {
-    *error = fmt::format("cannot open {}", path);
-    return false;
-  }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return plan_from_json(ss.str(), out, error);
+  std::string text;
+  return read_text_file(path, &text, error) && plan_from_json(text, out, error);
 }
 
 bool validate_plan(const Plan& plan, const Profile& prof, std::string* error) {

@@ -138,9 +138,38 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
       c.time_us = w.time_us;
       cands_.push_back(std::move(c));
     }
-    std::stable_sort(cands_.begin(), cands_.end(), [](const Candidate& a, const Candidate& b) {
+    auto by_peak = [](const Candidate& a, const Candidate& b) {
       return a.peak != b.peak ? a.peak < b.peak : a.time_us < b.time_us;
-    });
+    };
+    std::stable_sort(cands_.begin(), cands_.end(), by_peak);
+    // Local search (refine.h) from the best candidate at a grid of budgets between the minimum
+    // and the un-planned peak; what it finds joins the candidates. Done here, not per budget, so
+    // that a budget's pick stays the fastest fitting candidate of one fixed set: predicted time
+    // never grows with the budget.
+    if (opt.refine.enabled && g.n_fwd <= opt.refine.max_ops && opt.refine.levels > 0) {
+      const int64_t lo = cands_.front().peak;
+      const int levels = static_cast<int>(std::max<int64_t>(
+          1, std::min<int64_t>(opt.refine.levels, opt.refine.level_ops / std::max<int64_t>(1, g.n_fwd))));
+      std::vector<Candidate> found;
+      for (int k = 0; k < levels; ++k) {
+        const int64_t level = lo + (unplanned_peak_ - lo) * k / levels;
+        const Candidate* best = nullptr;
+        for (const Candidate& c : cands_)
+          if (c.peak <= level && (!best || c.time_us < best->time_us)) best = &c;
+        if (best == nullptr || best->slot == -1) continue;
+        Refined rf = refine_evictions(g, blocks_, best->plan, best->time_us, level, opt.refine);
+        stats_.refine_sims += rf.sims;
+        if (!rf.improved) continue;
+        Candidate c;
+        c.slot = -3;
+        c.plan = std::move(rf.plan);
+        c.peak = rf.sim.peak;
+        c.time_us = rf.sim.time_us;
+        found.push_back(std::move(c));
+      }
+      for (Candidate& c : found) cands_.push_back(std::move(c));
+      std::stable_sort(cands_.begin(), cands_.end(), by_peak);
+    }
     stats_.candidates = static_cast<int>(cands_.size());
     stats_.candidates_s = since(t0);
     return true;
@@ -179,7 +208,7 @@ PlanResult Planner::plan_for(const Budget& b) const {
           activation_percent(pick->peak, prof_)));
     }
     r.plan = pick->plan;
-    r.whole_graph = pick->slot == -2;
+    r.origin = pick->slot == -2 ? "whole-graph ILP" : pick->slot == -3 ? "local search" : "blocks";
     Plan& pl = r.plan;
     pl.version = kPlanVersion;
     pl.profile_hash = prof_.op_hash;

@@ -16,6 +16,7 @@
 #include "planner/graph.h"
 #include "planner/whole_graph.h"
 #include "planner/plan.h"
+#include "planner/refine.h"
 #include "planner/simulate.h"
 
 namespace memplan::planner {
@@ -25,6 +26,7 @@ struct PlannerOptions {
   IlpOptions ilp;
   int mem_slots = 300;         // DP memory discretisation
   WholeGraphOptions whole_graph;  // extra whole-graph eviction candidates (whole_graph.h)
+  RefineOptions refine;        // local-search candidates at a grid of budgets (refine.h)
   double ilp_total_s = -1;     // all ILP solves together, then only the keep-all/evict-all
                                // options; < 0: auto, 1 s + 1.5 ms per forward op, at most 20 s
 };
@@ -35,7 +37,9 @@ struct PlanResult {
   Plan plan;
   SimResult sim;               // the simulator's timeline of `plan`
   std::vector<std::string> messages;
-  bool whole_graph = false;    // the pick came from the whole-graph candidates (no block schedule)
+  // Where the plan came from: "blocks" (the DP's block schedule), "whole-graph ILP" (a whole-graph
+  // ILP candidate) or "local search" (refine.h, from either); the last two have no block schedule.
+  std::string origin = "blocks";
 };
 
 struct Candidate {
@@ -43,12 +47,13 @@ struct Candidate {
   int64_t peak = 0;
   double time_us = 0;
   int slot = -1;               // DP memory slot that produced it (-1: the empty plan,
-                               // -2: a whole-graph plan)
+                               // -2: a whole-graph plan, -3: a local-search plan)
 };
 
 struct PlannerStats {
   int blocks = 0, distinct_blocks = 0, ilp_solves = 0, ilp_optimal = 0, ilp_timeouts = 0;
   int candidates = 0;
+  int64_t refine_sims = 0;
   double ilp_s = 0, dp_s = 0, candidates_s = 0;
   int64_t unit_bytes = 0;
 };

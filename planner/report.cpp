@@ -20,8 +20,9 @@ std::string format_summary(const Planner& pl, const PlanResult& r, bool list_blo
   const PlannerStats& st = pl.stats();
   s += fmt::format("blocks: {} ({} distinct), {} candidate plans\n", st.blocks, st.distinct_blocks,
                    st.candidates);
-  if (r.whole_graph) s += "schedule: whole-graph evictions (each value rebuilt on its own; block modes unused)\n";
-  if (list_blocks && !r.whole_graph) {
+  const bool blocks = r.origin == "blocks";
+  if (!blocks) s += fmt::format("schedule: per-value evictions from the {} (block modes unused)\n", r.origin);
+  if (list_blocks && blocks) {
     s += "  block  ops          input        candidates  options  mode\n";
     for (size_t i = 0; i < pl.blocks().size(); ++i) {
       const Block& b = pl.blocks()[i];

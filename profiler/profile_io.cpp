@@ -1,10 +1,9 @@
 #include "profiler/profile_io.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "profiler/text_file.h"
 
 namespace memplan {
 
@@ -269,28 +268,12 @@ bool profile_from_json(const std::string& text, Profile* out, std::string* error
 }
 
 bool write_profile_file(const std::string& path, const Profile& p, std::string* error) {
-  std::ofstream f(path);
-  if (!f) {
-    *error = fmt::format("cannot open {} for writing", path);
-    return false;
-  }
-  f << profile_to_json(p) << "\n";
-  if (!f) {
-    *error = fmt::format("write to {} failed", path);
-    return false;
-  }
-  return true;
+  return write_text_file(path, profile_to_json(p), error);
 }
 
 bool read_profile_file(const std::string& path, Profile* out, std::string* error) {
-  std::ifstream f(path);
-  if (!f) {
-    *error = fmt::format("cannot open {}", path);
-    return false;
-  }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return profile_from_json(ss.str(), out, error);
+  std::string text;
+  return read_text_file(path, &text, error) && profile_from_json(text, out, error);
 }
 
 }  // namespace memplan

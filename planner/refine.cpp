@@ -1,0 +1,69 @@
+#include "planner/refine.h"
+
+#include <algorithm>
+
+#include "planner/plan_builder.h"
+
+namespace memplan::planner {
+
+Refined refine_evictions(const Graph& g, const std::vector<Block>& blocks, const Plan& start,
+                         double start_time_us, int64_t budget, const RefineOptions& opt) {
+  Refined out;
+  if (!opt.enabled || g.n_fwd > opt.max_ops || start.evictions.empty()) return out;
+  const int64_t max_sims = std::min(opt.max_sims, opt.sim_ops / std::max<int64_t>(1, g.n_fwd));
+  const size_t nv = g.prof->values.size();
+  std::vector<int64_t> cands;  // values a plan may evict
+  for (size_t v = 0; v < nv; ++v) {
+    if (g.evictable[v] && g.first_unpack[v] >= 0) cands.push_back(static_cast<int64_t>(v));
+  }
+  const std::vector<char> no_hold(nv, 0);
+  std::vector<char> cur(nv, 0);
+  for (const Eviction& e : start.evictions) {
+    if (e.value >= 0 && static_cast<size_t>(e.value) < nv) cur[e.value] = 1;
+  }
+  double best_time = start_time_us;
+  // Tries one set; keeps it as the round's best move when it fits and beats everything so far.
+  std::vector<char> move;
+  Plan move_plan;
+  SimResult move_sim;
+  auto consider = [&](const std::vector<char>& set) {
+    ++out.sims;
+    Plan p;
+    build_eviction_actions(g, blocks, set, no_hold, /*keep_byproducts=*/1, &p);
+    SimResult s = simulate(g, p);
+    if (!s.ok || s.peak > budget || s.time_us >= best_time - 1e-6) return;
+    best_time = s.time_us;
+    move = set;
+    move_plan = std::move(p);
+    move_sim = std::move(s);
+  };
+  while (out.sims < max_sims) {
+    move.clear();
+    for (int64_t v : cands) {
+      if (out.sims >= max_sims) break;
+      std::vector<char> set = cur;
+      set[v] ^= 1;
+      consider(set);
+    }
+    if (move.empty()) {  // no single change helps: try swaps
+      for (int64_t a : cands) {
+        if (!cur[a]) continue;
+        for (int64_t b : cands) {
+          if (cur[b] || out.sims >= max_sims) continue;
+          std::vector<char> set = cur;
+          set[a] = 0;
+          set[b] = 1;
+          consider(set);
+        }
+      }
+    }
+    if (move.empty()) break;
+    cur = move;
+    out.improved = true;
+    out.plan = move_plan;
+    out.sim = move_sim;
+  }
+  return out;
+}
+
+}  // namespace memplan::planner
