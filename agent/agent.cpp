@@ -148,7 +148,7 @@ void Agent::op_start(const at::RecordFunction& fn) {
     // checkpoint above ours stay untouched.
     if (!replayer_->wants_packs(recorder_.current_op()) && our_hooks_on_top()) {
       packs_prev_tracing_ = at::SavedTensorDefaultHooks::set_tracing(true);
-      packs_off_ = true;
+      packs_off_ = true;  // until restore_pack_hooks()
       ++replayer_->stats().ops_unhooked;
     } else {
       ++replayer_->stats().ops_hooked;
@@ -159,10 +159,7 @@ void Agent::op_start(const at::RecordFunction& fn) {
 }
 
 void Agent::op_end(const at::RecordFunction& fn) {
-  if (packs_off_) {
-    at::SavedTensorDefaultHooks::set_tracing(packs_prev_tracing_);
-    packs_off_ = false;
-  }
+  restore_pack_hooks();
   if (inert_ || recorder_.current_op() < 0) return;
   OverheadTimer timer(&recorder_);
   const int64_t op = recorder_.current_op();
@@ -247,19 +244,32 @@ at::Tensor Agent::unpack(const Saved& h) {
   return s.tensor;
 }
 
-void Agent::hooks_pushed() {
+namespace {
+// The pack hook on top of this thread's default saved-tensor hooks, or null. Reads the pointer
+// only: no reference count changes, no GIL needed.
+const void* top_pack_hook() {
   const auto& tls = at::SavedTensorDefaultHooks::get_tls_state();
-  if (tls.stack.empty()) return;
+  if (tls.stack.empty()) return nullptr;
   const c10::SafePyObject& pack = tls.stack.top().first;
-  our_pack_ = pack.ptr(&pack.pyinterpreter());
+  return pack.ptr(&pack.pyinterpreter());
+}
+}  // namespace
+
+void Agent::hooks_pushed() {
+  if (const void* top = top_pack_hook()) our_pack_ = top;
 }
 
-// Cost: a TLS read and a pointer compare; no Python object is touched (no GIL needed).
+// Cost: a TLS read and a pointer compare.
 bool Agent::our_hooks_on_top() const {
   const auto& tls = at::SavedTensorDefaultHooks::get_tls_state();
-  if (our_pack_ == nullptr || tls.stack.empty() || tls.is_tracing || tls.disabled_error_message) return false;
-  const c10::SafePyObject& pack = tls.stack.top().first;
-  return pack.ptr(&pack.pyinterpreter()) == our_pack_;
+  if (our_pack_ == nullptr || tls.is_tracing || tls.disabled_error_message) return false;
+  return top_pack_hook() == our_pack_;
+}
+
+void Agent::restore_pack_hooks() {
+  if (!packs_off_) return;
+  at::SavedTensorDefaultHooks::set_tracing(packs_prev_tracing_);
+  packs_off_ = false;
 }
 
 void Agent::backward_begin() {
@@ -269,10 +279,7 @@ void Agent::backward_begin() {
     return;
   }
   ++backward_depth_;
-  if (packs_off_) {  // a backward inside a forward op (a Python-kernel custom op): hooks back on
-    at::SavedTensorDefaultHooks::set_tracing(packs_prev_tracing_);
-    packs_off_ = false;
-  }
+  restore_pack_hooks();  // a backward inside a forward op (a Python-kernel custom op)
   // Forward ops are ignored during backward (op_start): stop the dispatcher boxing the arguments
   // of every aten op the backward runs, only for us to drop them.
   pause_forward_ops(true);

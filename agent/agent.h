@@ -97,6 +97,7 @@ class Agent final : public OpSink {
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;
   bool our_hooks_on_top() const;
+  void restore_pack_hooks();  // ends a bypass set in op_start
   std::vector<TraceAction> replay_actions_;
 };
 

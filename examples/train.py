@@ -4,6 +4,7 @@ as a user's script would (gradient accumulation, eval loops, torch.profiler, che
 
 stdout: one line per optimizer step, "step <i> loss <repr>", and nothing else unless asked."""
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -152,22 +153,20 @@ def main():
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.__enter__()
             x, y = x.to(args.device), y.to(args.device)
+            out = model(x)
             user_packs = [0, 0]  # packs, unpacks seen by the script's own hooks
-            if args.user_hooks:
-                def user_pack(t):
-                    user_packs[0] += 1
-                    return t
 
-                def user_unpack(t):
-                    user_packs[1] += 1
-                    return t
+            def user_pack(t):
+                user_packs[0] += 1
+                return t
 
-                out = model(x)
-                # Only the loss: the model's own activations stay with memplan (when it runs).
-                with torch.autograd.graph.saved_tensors_hooks(user_pack, user_unpack):
-                    loss = models.loss_fn(args.model, out, y) / args.accum
-            else:
-                out = model(x)
+            def user_unpack(t):
+                user_packs[1] += 1
+                return t
+
+            # --user-hooks: only the loss, so the model's own activations stay with memplan.
+            with (torch.autograd.graph.saved_tensors_hooks(user_pack, user_unpack) if args.user_hooks
+                  else contextlib.nullcontext()):
                 loss = models.loss_fn(args.model, out, y) / args.accum
             if args.inplace_error and step == 1:
                 # exp saves its result; modifying it in place must fail in backward

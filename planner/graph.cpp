@@ -129,4 +129,16 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
   return true;
 }
 
+std::vector<int64_t> Graph::eviction_candidates() const {
+  std::vector<int64_t> out;
+  for (size_t v = 0; v < evictable.size(); ++v) {
+    if (evictable[v] && first_unpack[v] >= 0) out.push_back(static_cast<int64_t>(v));
+  }
+  return out;
+}
+
+int64_t Graph::per_op_share(int64_t cap, int64_t work) const {
+  return std::max<int64_t>(1, std::min(cap, work / std::max<int64_t>(1, n_fwd)));
+}
+
 }  // namespace memplan::planner

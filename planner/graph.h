@@ -40,6 +40,12 @@ struct Graph {
   double step_time_us = 0;              // measured step time (forward_us + backward_us, or sums)
 
   int64_t end_pos() const { return n_fwd + n_bwd; }
+  // Values a whole-step plan may evict: dropping autograd's hold frees them, and backward
+  // unpacks them (so there is something to rebuild for).
+  std::vector<int64_t> eviction_candidates() const;
+  // A work bound that shrinks as the step grows: at most `cap`, at most `work` / forward ops,
+  // at least 1.
+  int64_t per_op_share(int64_t cap, int64_t work) const;
   int64_t bytes(int64_t v) const { return prof->values[v].bytes; }
   int64_t producer(int64_t v) const { return prof->values[v].producer; }
 };

@@ -77,8 +77,7 @@ class CbcSolver : public MilpSolver {
         // Proven "optimal" with no incumbent happens when the LP itself is infeasible.
         r.status = MilpStatus::Infeasible;
       } else {
-        r.status = model.maximumSecondsReached() || model.isNodeLimitReached() ? MilpStatus::NoSolution
-                                                                               : MilpStatus::Infeasible;
+        r.status = r.clock_stopped || model.isNodeLimitReached() ? MilpStatus::NoSolution : MilpStatus::Infeasible;
       }
     } catch (...) {
       r.status = MilpStatus::Error;  // CoinError or bad_alloc: never across the API

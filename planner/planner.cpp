@@ -148,8 +148,7 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     // never grows with the budget.
     if (opt.refine.enabled && g.n_fwd <= opt.refine.max_ops && opt.refine.levels > 0) {
       const int64_t lo = cands_.front().peak;
-      const int levels = static_cast<int>(std::max<int64_t>(
-          1, std::min<int64_t>(opt.refine.levels, opt.refine.level_ops / std::max<int64_t>(1, g.n_fwd))));
+      const int levels = static_cast<int>(g.per_op_share(opt.refine.levels, opt.refine.level_ops));
       std::vector<Candidate> found;
       for (int k = 0; k < levels; ++k) {
         const int64_t level = lo + (unplanned_peak_ - lo) * k / levels;

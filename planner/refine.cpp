@@ -1,7 +1,5 @@
 #include "planner/refine.h"
 
-#include <algorithm>
-
 #include "planner/plan_builder.h"
 
 namespace memplan::planner {
@@ -10,12 +8,9 @@ Refined refine_evictions(const Graph& g, const std::vector<Block>& blocks, const
                          double start_time_us, int64_t budget, const RefineOptions& opt) {
   Refined out;
   if (!opt.enabled || g.n_fwd > opt.max_ops || start.evictions.empty()) return out;
-  const int64_t max_sims = std::min(opt.max_sims, opt.sim_ops / std::max<int64_t>(1, g.n_fwd));
+  const int64_t max_sims = g.per_op_share(opt.max_sims, opt.sim_ops);
   const size_t nv = g.prof->values.size();
-  std::vector<int64_t> cands;  // values a plan may evict
-  for (size_t v = 0; v < nv; ++v) {
-    if (g.evictable[v] && g.first_unpack[v] >= 0) cands.push_back(static_cast<int64_t>(v));
-  }
+  const std::vector<int64_t> cands = g.eviction_candidates();
   const std::vector<char> no_hold(nv, 0);
   std::vector<char> cur(nv, 0);
   for (const Eviction& e : start.evictions) {

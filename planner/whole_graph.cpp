@@ -12,9 +12,9 @@ namespace memplan::planner {
 
 // Measured on tests/data/profiles/gpt2_cpu.json: these plans beat the block/DP plans at 45-90% of
 // activation memory (45%: +24.7% -> +21.5%, 70%: +9.1% -> +6.9%, 80%: +5.7% -> +3.6%), and on
-// resnet8 at 53-94% (70%: +6.2% -> +2.7%). Every
-// solve is bounded by a node count, not the clock, so the plans are a function of the profile
-// (the golden tests hold them to that); a solve the safety clock stops is dropped, not used.
+// resnet8 at 53-94% (70%: +6.2% -> +2.7%). Every solve is bounded by a node count, not the
+// clock, so the plans are a function of the profile (the golden tests hold them to that); a solve
+// the safety clock stops is dropped, not used.
 
 std::vector<WholeGraphPlan> whole_graph_plans(const Graph& g, const std::vector<Block>& blocks,
                                               MilpSolver& solver, const WholeGraphOptions& opt) {
@@ -24,13 +24,11 @@ std::vector<WholeGraphPlan> whole_graph_plans(const Graph& g, const std::vector<
   Block whole;
   whole.first = 0;
   whole.last = g.n_fwd - 1;
-  for (size_t v = 0; v < nv; ++v)
-    if (g.evictable[v] && g.first_unpack[v] >= 0) whole.cand.push_back(static_cast<int64_t>(v));
+  whole.cand = g.eviction_candidates();
   if (whole.cand.empty()) return out;
   const BlockProblem bp = make_block_problem(g, whole, -1);
   const int64_t total = std::accumulate(bp.cand_bytes.begin(), bp.cand_bytes.end(), int64_t{0});
-  const int levels = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(opt.levels, opt.level_ops / std::max<int64_t>(1, g.n_fwd))));
+  const int levels = static_cast<int>(g.per_op_share(opt.levels, opt.level_ops));
   const std::vector<char> no_hold(nv, 0);
   const int64_t all_budget = total + std::accumulate(bp.out_bytes.begin(), bp.out_bytes.end(), int64_t{0});
   std::set<std::vector<char>> seen;
