@@ -549,6 +549,8 @@ void Agent::write_report(const std::string& path) const {
                     {"on_demand", st.on_demand}, {"ops_rerun", st.ops_rerun},
                     {"not_rebuildable", st.not_rebuildable}, {"divergences", st.divergences},
                     {"ops_hooked", st.ops_hooked}, {"ops_unhooked", st.ops_unhooked},
+                    {"compacted", st.compacted}, {"compact_refused", st.compact_refused},
+                    {"expanded", st.expanded}, {"tail_reruns", st.tail_reruns},
                     {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline}});
   };
   for (const auto& r : replay_history_) add(*r);
@@ -602,6 +604,11 @@ std::string Agent::replay_summary() const {
                    st.evicted, st.rebuilt, st.on_demand, st.ops_rerun, st.not_rebuildable, st.divergences));
   line(fmt::format("forward ops through our saved-tensor hooks {} ({:.0f}%), left to autograd {}", st.ops_hooked,
                    100.0 * st.ops_hooked / std::max<int64_t>(1, st.ops_hooked + st.ops_unhooked), st.ops_unhooked));
+  if (st.compacted + st.compact_refused > 0) {
+    line(fmt::format("dropout masks kept compact {} (expanded at unpack {}), refused (not 0/scale) {}; dropout "
+                     "re-runs done as input x mask {}",
+                     st.compacted, st.expanded, st.compact_refused, st.tail_reruns));
+  }
   return out;
 }
 

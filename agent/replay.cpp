@@ -105,14 +105,27 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
   for (const auto& h : plan_.holds) {
     if (h.from_fwd >= 0 && static_cast<size_t>(h.from_fwd) < n) hold_from_[h.from_fwd].push_back(h.value);
   }
+  compact_after_.resize(n);
+  for (int64_t v : plan_.compactions) {
+    if (v < 0 || static_cast<size_t>(v) >= profile.values.size()) continue;
+    const int64_t prod = profile.values[v].producer;
+    if (prod >= 0 && static_cast<size_t>(prod) < n) {
+      compact_after_[prod].push_back(v);
+      if (profile.forward[prod].name == "aten::dropout") op_mask_[prod] = v;
+    }
+  }
+  tail_state_.assign(n, 0);
   for (const auto& r : plan_.recomputes) recompute_before_[r.before_bwd] = &r;
   for (const auto& r : plan_.releases) release_after_[r.after_bwd].push_back(r.value);
   // Values by position, from the profile: the k-th output / k-th pack of op i. The planned step
   // runs the same ops (checked op by op), so these name the same storages without relying on the
   // recorder's running numbering, which skipped packs would shift.
-  std::vector<char> evicted(profile.values.size(), 0);
+  std::vector<char> evicted(profile.values.size(), 0);  // evicted or compacted: packs wanted
   for (const auto& e : plan_.evictions) {
     if (e.value >= 0 && static_cast<size_t>(e.value) < evicted.size()) evicted[e.value] = 1;
+  }
+  for (int64_t v : plan_.compactions) {
+    if (v >= 0 && static_cast<size_t>(v) < evicted.size()) evicted[v] = 1;
   }
   value_bytes_.reserve(profile.values.size());
   for (const Value& v : profile.values) value_bytes_.push_back(v.bytes);
@@ -410,6 +423,7 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, co
   pending_.clear();
   if (!diverged_) {
     evict_after(op);
+    compact_after(op);
     for (int64_t v : hold_from_[op]) {
       auto it = value_slot_.find(v);
       if (it == value_slot_.end()) continue;
@@ -418,27 +432,61 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, co
   }
 }
 
+namespace {
+
+// Calls f on each handle of `v` that still holds its tensor.
+template <typename F>
+void each_resident(std::unordered_map<int64_t, std::vector<std::weak_ptr<SavedState>>>& handles, int64_t v, F f) {
+  auto it = handles.find(v);
+  if (it == handles.end()) return;
+  for (auto& w : it->second) {
+    auto s = w.lock();
+    if (s && !s->evicted && s->tensor.defined()) f(*s);
+  }
+}
+
+// Drops the tensor, keeping what autograd's in-place error message needs.
+void drop(SavedState& s) {
+  s.meta_sizes = s.tensor.sizes().vec();
+  s.meta_dtype = s.tensor.scalar_type();
+  s.meta_cuda = s.tensor.is_cuda();
+  s.tensor.reset();
+  s.evicted = true;
+}
+
+}  // namespace
+
 void Replayer::evict_after(int64_t op) {
   for (int64_t v : evict_after_[op]) {
-    auto it = handles_.find(v);
-    if (it == handles_.end()) continue;
-    for (auto& w : it->second) {
-      auto s = w.lock();
-      if (!s || s->evicted || !s->tensor.defined()) continue;
-      if (s->source.kind == TensorSource::Kind::External || !rebuildable(s->source)) {
+    each_resident(handles_, v, [&](SavedState& s) {
+      if (s.source.kind == TensorSource::Kind::External || !rebuildable(s.source)) {
         ++stats_.not_rebuildable;
-        continue;
+        return;
       }
-      s->meta_sizes = s->tensor.sizes().vec();
-      s->meta_dtype = s->tensor.scalar_type();
-      s->meta_cuda = s->tensor.is_cuda();
-      s->tensor.reset();
-      s->evicted = true;
+      drop(s);
       ++stats_.evicted;
       if (nvtx_enabled() || logging_actions_) {
         action(fmt::format("memplan/evict value {} after op {}", v, op), std::chrono::steady_clock::now(), false);
       }
-    }
+    });
+  }
+}
+
+void Replayer::compact_after(int64_t op) {
+  for (int64_t v : compact_after_[op]) {
+    each_resident(handles_, v, [&](SavedState& s) {
+      std::optional<ActionSpan> span;
+      if (nvtx_enabled() || logging_actions_) span.emplace(this, fmt::format("memplan/compact value {} after op {}", v, op));
+      if (!compact_mask(s.tensor, &s.mask)) {
+        ++stats_.compact_refused;
+        log_once("compact-refused", LogLevel::Warn,
+                 fmt::format("value {} is not a 0/scale dropout mask as planned; kept as it is", v));
+        return;
+      }
+      drop(s);
+      s.compact = true;
+      ++stats_.compacted;
+    });
   }
 }
 
@@ -541,9 +589,48 @@ at::Tensor Replayer::resolve(const TensorSource& src, Memo& memo, int depth) {
   throw std::runtime_error("memplan: tensor has no source to rebuild it from");
 }
 
+std::shared_ptr<SavedState> Replayer::tail_mask(int64_t op, const Memo& memo) const {
+  auto m = op_mask_.find(op);
+  if (m == op_mask_.end() || tail_state_[op] < 0) return nullptr;
+  const Recipe& r = recipes_[op];
+  if (r.args.empty() || r.args[0].kind != Arg::Kind::Tensor || r.op->schema().name() != "aten::dropout")
+    return nullptr;
+  for (const auto& [key, uses] : memo.pack_uses)
+    if (key.first == op) return nullptr;  // an evicted pack of this op is rebuilt from this run
+  auto h = handles_.find(m->second);
+  if (h == handles_.end()) return nullptr;
+  for (const auto& w : h->second) {
+    auto s = w.lock();
+    if (s && s->compact) return s;
+  }
+  return nullptr;
+}
+
 void Replayer::run_op(int64_t op, Memo& memo, int depth) {
   const Recipe& r = recipes_.at(op);
   if (!r.valid || !r.op) throw std::runtime_error("memplan: no recipe to rebuild from");
+  // Dropout with its mask kept compact: on the CPU aten::dropout returns `input * noise` (after
+  // drawing noise); the noise is the compact mask, so that product is the op's output bit for bit,
+  // without the random draw. Checked against a full re-run the first time (below).
+  const std::shared_ptr<SavedState> mask = tail_mask(op, memo);
+  if (mask && tail_state_[op] == 1) {
+    at::Tensor in = resolve(r.args[0].tensors[0], memo, depth);
+    if (in.defined() && in.is_contiguous() && in.sizes().equals(mask->meta_sizes) &&
+        in.scalar_type() == mask->meta_dtype) {
+      at::Tensor out;
+      {
+        AgentScope scope;
+        at::NoGradGuard no_grad;
+        out = at::mul(in.detach(), expand_mask(mask->mask));
+      }
+      ++stats_.ops_rerun;
+      ++stats_.tail_reruns;
+      const std::pair<int64_t, int64_t> key{op, 0};
+      if (memo.output_uses.count(key)) memo.outputs[key] = out;
+      return;
+    }
+    tail_state_[op] = -1;  // cannot happen in a step that matches the profile; never again
+  }
   torch::jit::Stack stack;
   stack.reserve(r.args.size());
   auto prepare = [&](const TensorSource& src, bool requires_grad, bool written) {
@@ -584,6 +671,8 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
       }
     }
   }
+  at::Tensor tail_input;  // kept for the one-time check of the dropout tail
+  if (mask && tail_state_[op] == 0 && !stack.empty() && stack[0].isTensor()) tail_input = stack[0].toTensor();
   std::vector<at::Tensor> packs;
   {
     AgentScope scope;  // our callbacks ignore the re-run
@@ -600,6 +689,19 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
     tl_capture = outer;
   }
   ++stats_.ops_rerun;
+  if (tail_input.defined()) {
+    bool same = false;
+    if (!stack.empty() && stack[0].isTensor()) {
+      AgentScope scope;
+      at::NoGradGuard no_grad;
+      same = tail_matches(tail_input.detach(), mask->mask, stack[0].toTensor().detach());
+    }
+    tail_state_[op] = same ? 1 : -1;
+    if (!same) {
+      log_once("dropout-tail", LogLevel::Warn,
+               fmt::format("forward op {}: input x mask differs from re-running dropout; re-running it", op));
+    }
+  }
   // Keep only what a planned use will take; the rest dies here.
   int64_t k = 0;
   auto keep_output = [&](const at::Tensor& t) {
@@ -686,6 +788,10 @@ void Replayer::node_end(int64_t node) {
 
 at::Tensor Replayer::materialize(SavedState& s) {
   if (!s.evicted) return s.tensor;
+  if (s.compact) {  // each unpack gets its own copy, freed when the node is done with it
+    ++stats_.expanded;
+    return expand_mask(s.mask);
+  }
   ++stats_.on_demand;
   log_once("on-demand", LogLevel::Debug, "a saved tensor was needed before its planned recompute; rebuilt on demand");
   ActionSpan span(this, fmt::format("memplan/recompute value {} on demand", s.value));
@@ -701,7 +807,11 @@ void Replayer::end_step() {
   for (auto& [v, list] : handles_) {
     for (auto& w : list) {
       auto s = w.lock();
-      if (s && s->evicted) {
+      if (s && s->evicted && s->compact) {
+        s->tensor = expand_mask(s->mask);
+        s->mask = CompactMask();
+        s->compact = s->evicted = false;
+      } else if (s && s->evicted) {
         Memo memo;
         try {
           count_uses(s->source, memo, 0);

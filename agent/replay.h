@@ -40,6 +40,10 @@ struct ReplayStats {
   int64_t divergences = 0;
   int64_t ops_hooked = 0;       // forward ops whose packs went through our hooks
   int64_t ops_unhooked = 0;     // ... and whose saved tensors were left to autograd
+  int64_t compacted = 0;        // dropout masks kept compact (compact.h)
+  int64_t compact_refused = 0;  // ... planned but not such a mask: kept as they were
+  int64_t expanded = 0;         // unpacks served from a compact mask
+  int64_t tail_reruns = 0;      // dropout re-runs done as input x expanded mask (of ops_rerun)
   std::vector<int64_t> measured_peak;   // per replayed step, absolute allocated bytes
   std::vector<int64_t> measured_baseline;
 };
@@ -128,14 +132,23 @@ class Replayer {
   at::Tensor resolve(const TensorSource& src, Memo& memo, int depth);
   at::Tensor slot_tensor(int64_t op, int64_t index, Memo& memo, int depth);
   void run_op(int64_t op, Memo& memo, int depth);
+  // The compact mask op `op` saved, if it is a dropout whose mask is kept compact, the re-run may
+  // be `input * mask` instead, and nothing asks for the op's own packs; else null.
+  std::shared_ptr<SavedState> tail_mask(int64_t op, const Memo& memo) const;
   void rebuild(SavedState& s, Memo& memo);
   void evict_after(int64_t op);
+  void compact_after(int64_t op);
 
   planner::Plan plan_;
   std::vector<uint64_t> op_hashes_;                           // per profile forward op
   std::vector<std::string> node_names_;                       // per profile backward node
   std::vector<std::vector<int64_t>> evict_after_;             // per fwd op: values to evict
   std::vector<std::vector<int64_t>> hold_from_;               // per fwd op: values to hold
+  std::vector<std::vector<int64_t>> compact_after_;           // per fwd op: masks to compact
+  std::unordered_map<int64_t, int64_t> op_mask_;              // fwd op -> its compacted mask
+  // Per fwd op, across steps: 0 the dropout tail is unchecked, 1 checked bit-identical to a full
+  // re-run (used from then on), -1 it differed (never used).
+  std::vector<int8_t> tail_state_;
   std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;
   std::unordered_map<int64_t, std::vector<int64_t>> release_after_;
   std::vector<int64_t> value_bytes_;                          // per profile value

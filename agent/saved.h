@@ -12,6 +12,8 @@
 #include <memory>
 #include <vector>
 
+#include "agent/compact.h"
+
 namespace memplan {
 
 // Where a tensor of the current step can be rebuilt from.
@@ -43,6 +45,8 @@ struct SavedState {
   uint32_t output_nr = 0;
   TensorSource source;
   bool evicted = false;
+  bool compact = false;  // evicted into `mask` (a dropout mask, compact.h): expanded at unpack
+  CompactMask mask;
   // Kept when evicting, for autograd's in-place error message.
   std::vector<int64_t> meta_sizes;
   at::ScalarType meta_dtype = at::kFloat;

@@ -6,6 +6,62 @@
 
 namespace memplan::planner {
 
+namespace {
+
+int64_t float_size(const std::string& dtype) {
+  if (dtype == "Float") return 4;
+  if (dtype == "Double") return 8;
+  if (dtype == "Half" || dtype == "BFloat16") return 2;
+  return 0;
+}
+
+// Dropout masks that can be kept compact (docs/compaction.md). aten::dropout on the CPU (every
+// device but those with the fused kernel: CUDA, XPU...) computes `input * noise` with noise = bernoulli_(1-p).div_(1-p), and the
+// multiplication saves `noise`: a float tensor of the input's shape whose elements are all +0 or
+// one scale. It is packed inside the op and is none of its outputs. The fused kernel saves a
+// one-byte mask already (and its bytes are not input numel x float size, so the rule skips it).
+// Cost: compacting is about one pass over the tensor, expanding another; both are priced as two
+// elementwise passes at the profile's own median rate for add/mul/sub/div (time per output byte).
+void find_masks(const Profile& p, Graph* g) {
+  const size_t nv = p.values.size();
+  g->compact_bytes.assign(nv, 0);
+  g->compact_us.assign(nv, 0);
+  g->op_mask.assign(p.forward.size(), -1);
+  if (p.device != "cpu") return;  // the replay compacts CPU tensors only (agent/compact.h)
+  std::vector<double> rates;
+  for (size_t i = 0; i < p.forward.size(); ++i) {
+    const std::string& n = p.forward[i].name;
+    if ((n == "aten::add" || n == "aten::mul" || n == "aten::sub" || n == "aten::div") &&
+        g->out_bytes[i] > 0 && p.forward[i].time_us > 0)
+      rates.push_back(p.forward[i].time_us / static_cast<double>(g->out_bytes[i]));
+  }
+  double rate = -1;
+  if (!rates.empty()) {
+    std::nth_element(rates.begin(), rates.begin() + rates.size() / 2, rates.end());
+    rate = rates[rates.size() / 2];
+  }
+  for (size_t v = 0; v < nv; ++v) {
+    const Value& val = p.values[v];
+    if (!g->evictable[v] || val.producer < 0) continue;
+    const Op& op = p.forward[val.producer];
+    if (op.name != "aten::dropout" || op.inputs.empty()) continue;
+    if (val.saved_by.size() != 1 || val.saved_by[0] != val.producer) continue;
+    bool is_output = false;
+    for (const TensorRef& t : op.outputs) is_output = is_output || t.value == static_cast<int64_t>(v);
+    if (is_output) continue;
+    const TensorRef& in = op.inputs[0];
+    const int64_t es = float_size(in.dtype);
+    int64_t numel = 1;
+    for (int64_t d : in.shape) numel *= d;
+    if (es == 0 || numel <= 0 || val.bytes != numel * es) continue;
+    g->compact_bytes[v] = numel;  // one byte per element; the scale is a 0-dim tensor
+    g->compact_us[v] = rate > 0 ? 2 * rate * static_cast<double>(val.bytes) : 0.05 * op.time_us;
+    g->op_mask[val.producer] = static_cast<int64_t>(v);
+  }
+}
+
+}  // namespace
+
 bool build_graph(const Profile& p, Graph* g, std::string* error) {
   const int64_t nf = static_cast<int64_t>(p.forward.size());
   const int64_t nb = static_cast<int64_t>(p.backward.size());
@@ -124,9 +180,18 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
                      !mutated[v] && val.bytes > 0 && !val.saved_by.empty() &&
                      !val.unpacked_by.empty();
   }
+  find_masks(p, &G);
   G.step_time_us = (p.forward_us + p.backward_us > 0) ? p.forward_us + p.backward_us
                                                       : G.fwd_time_us + G.bwd_time_us;
   return true;
+}
+
+std::vector<int64_t> Graph::compaction_candidates() const {
+  std::vector<int64_t> out;
+  for (size_t v = 0; v < compact_bytes.size(); ++v) {
+    if (compact_bytes[v] > 0) out.push_back(static_cast<int64_t>(v));
+  }
+  return out;
 }
 
 std::vector<int64_t> Graph::eviction_candidates() const {

@@ -36,6 +36,12 @@ struct Graph {
   std::vector<int64_t> out_bytes;       // per fwd op: bytes of the values it created
   std::vector<int64_t> workspace;       // per fwd op: peak - max(live_before, live_after)
   std::vector<int64_t> bwd_workspace;   // per bwd node: same
+  // per value: bytes of its compact form when it is a 0/scale dropout mask (compact.h), else 0
+  std::vector<int64_t> compact_bytes;
+  std::vector<double> compact_us;       // per value: estimated time to compact and expand it
+  // per fwd op: the dropout mask it saves (a compaction candidate), or -1. While that mask is kept
+  // compact, re-running the op is `input * expanded mask`: priced like compact_us, not the op.
+  std::vector<int64_t> op_mask;
   double fwd_time_us = 0, bwd_time_us = 0;  // sums of op / node times
   double step_time_us = 0;              // measured step time (forward_us + backward_us, or sums)
 
@@ -43,6 +49,8 @@ struct Graph {
   // Values a whole-step plan may evict: dropping autograd's hold frees them, and backward
   // unpacks them (so there is something to rebuild for).
   std::vector<int64_t> eviction_candidates() const;
+  // Values that may be kept compact instead (compact_bytes > 0).
+  std::vector<int64_t> compaction_candidates() const;
   // A work bound that shrinks as the step grows: at most `cap`, at most `work` / forward ops,
   // at least 1.
   int64_t per_op_share(int64_t cap, int64_t work) const;

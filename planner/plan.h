@@ -44,6 +44,10 @@ struct Release {
   int64_t value = 0, after_bwd = 0;
 };
 
+// Keep saved value `value` (a 0/scale dropout mask, Graph::compact_bytes) as one byte per element
+// from the end of its producer until backward unpacks it; expanded bit-exactly at each unpack.
+// Plans list the values only (sorted); docs/compaction.md.
+
 struct Plan {
   int version = kPlanVersion;
   std::string profile_hash;
@@ -60,8 +64,11 @@ struct Plan {
   std::vector<Hold> holds;
   std::vector<Recompute> recomputes;  // sorted by before_bwd, at most one per node
   std::vector<Release> releases;
+  std::vector<int64_t> compactions;   // values kept compact, sorted; none is evicted
 
-  bool empty() const { return evictions.empty() && holds.empty() && recomputes.empty(); }
+  bool empty() const {
+    return evictions.empty() && holds.empty() && recomputes.empty() && compactions.empty();
+  }
 };
 
 }  // namespace memplan::planner

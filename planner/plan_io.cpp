@@ -37,6 +37,7 @@ std::string plan_to_json(const Plan& p, int indent) {
     j["recomputes"].push_back({{"before_bwd", r.before_bwd}, {"ops", r.ops}, {"keep", r.keep}});
   j["releases"] = json::array();
   for (const Release& r : p.releases) j["releases"].push_back({{"value", r.value}, {"after_bwd", r.after_bwd}});
+  j["compactions"] = p.compactions;
   return j.dump(indent);
 }
 
@@ -115,6 +116,11 @@ bool plan_from_json(const std::string& text, Plan* out, std::string* error) {
       where = fmt::format("releases[{}]", i);
       p.releases.push_back({nonneg(rl[i].at("value").get<int64_t>(), "value"),
                             nonneg(rl[i].at("after_bwd").get<int64_t>(), "after_bwd")});
+    }
+    if (j.contains("compactions")) {  // optional: plans written before compaction have none
+      where = "compactions";
+      p.compactions = j.at("compactions").get<std::vector<int64_t>>();
+      for (int64_t v : p.compactions) nonneg(v, "value index");
     }
   } catch (const std::exception& e) {
     *error = fmt::format("{}: {}", where, e.what());

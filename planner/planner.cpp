@@ -34,6 +34,10 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
   try {
     prof_ = p;
     if (!build_graph(prof_, &graph_, error)) return false;
+    if (!opt.compact_masks) {
+      std::fill(graph_.compact_bytes.begin(), graph_.compact_bytes.end(), 0);
+      std::fill(graph_.op_mask.begin(), graph_.op_mask.end(), -1);
+    }
     const Graph& g = graph_;
     blocks_ = make_blocks(g, opt.blocks);
     const size_t L = blocks_.size();
@@ -138,6 +142,51 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
       c.time_us = w.time_us;
       cands_.push_back(std::move(c));
     }
+    // Every candidate again with each dropout mask it does not evict kept compact (compaction.md):
+    // far cheaper per byte than re-running dropout, so it usually replaces evictions; the pick
+    // (and the local search) decides.
+    const std::vector<int64_t> masks = g.compaction_candidates();
+    if (!masks.empty()) {
+      const size_t n = cands_.size();
+      for (size_t k = 0; k < n; ++k) {
+        Candidate c;
+        c.slot = cands_[k].slot == -1 ? -4 : cands_[k].slot;
+        c.plan = cands_[k].plan;
+        std::vector<char> busy(g.prof->values.size(), 0);
+        for (const Eviction& e : c.plan.evictions) busy[e.value] = 1;
+        for (const Hold& h : c.plan.holds) busy[h.value] = 1;
+        for (const Recompute& rc : c.plan.recomputes)
+          for (int64_t v : rc.keep) busy[v] = 1;
+        for (int64_t v : masks)
+          if (!busy[v]) c.plan.compactions.push_back(v);
+        if (c.plan.compactions.empty()) continue;
+        SimResult s = simulate(g, c.plan);
+        if (!s.ok) continue;
+        c.peak = s.peak;
+        c.time_us = s.time_us;
+        // The masks it evicts kept compact too: dropouts it re-runs become `input x mask`.
+        std::vector<char> evict(busy.size(), 0);
+        bool evicts_mask = false;
+        for (const Eviction& e : cands_[k].plan.evictions) {
+          evict[e.value] = g.compact_bytes[e.value] > 0 ? 0 : 1;
+          evicts_mask = evicts_mask || g.compact_bytes[e.value] > 0;
+        }
+        if (evicts_mask) {
+          Candidate t;
+          t.slot = -5;
+          build_eviction_actions(g, blocks_, evict, std::vector<char>(busy.size(), 0), 1, &t.plan);
+          for (int64_t v : masks)
+            if (!evict[v]) t.plan.compactions.push_back(v);
+          SimResult ts = simulate(g, t.plan);
+          if (ts.ok) {
+            t.peak = ts.peak;
+            t.time_us = ts.time_us;
+            cands_.push_back(std::move(t));
+          }
+        }
+        cands_.push_back(std::move(c));
+      }
+    }
     auto by_peak = [](const Candidate& a, const Candidate& b) {
       return a.peak != b.peak ? a.peak < b.peak : a.time_us < b.time_us;
     };
@@ -207,7 +256,11 @@ PlanResult Planner::plan_for(const Budget& b) const {
           activation_percent(pick->peak, prof_)));
     }
     r.plan = pick->plan;
-    r.origin = pick->slot == -2 ? "whole-graph ILP" : pick->slot == -3 ? "local search" : "blocks";
+    r.origin = pick->slot == -2   ? "whole-graph ILP"
+               : pick->slot == -3 ? "local search"
+               : pick->slot == -4 ? "mask compaction"
+               : pick->slot == -5 ? "eviction set of a candidate with its masks compact"
+                                  : "blocks";
     Plan& pl = r.plan;
     pl.version = kPlanVersion;
     pl.profile_hash = prof_.op_hash;

@@ -27,6 +27,7 @@ struct PlannerOptions {
   int mem_slots = 300;         // DP memory discretisation
   WholeGraphOptions whole_graph;  // extra whole-graph eviction candidates (whole_graph.h)
   RefineOptions refine;        // local-search candidates at a grid of budgets (refine.h)
+  bool compact_masks = true;   // may keep dropout masks compact (Graph::compact_bytes)
   double ilp_total_s = -1;     // all ILP solves together, then only the keep-all/evict-all
                                // options; < 0: auto, 1 s + 1.5 ms per forward op, at most 20 s
 };
@@ -38,7 +39,9 @@ struct PlanResult {
   SimResult sim;               // the simulator's timeline of `plan`
   std::vector<std::string> messages;
   // Where the plan came from: "blocks" (the DP's block schedule), "whole-graph ILP" (a whole-graph
-  // ILP candidate) or "local search" (refine.h, from either); the last two have no block schedule.
+  // ILP candidate), "local search" (refine.h, from either), "mask compaction" (compactions
+  // only) or "eviction set of a candidate with its masks compact"; all but "blocks" have no block
+  // schedule.
   std::string origin = "blocks";
 };
 
@@ -47,7 +50,9 @@ struct Candidate {
   int64_t peak = 0;
   double time_us = 0;
   int slot = -1;               // DP memory slot that produced it (-1: the empty plan,
-                               // -2: a whole-graph plan, -3: a local-search plan)
+                               // -2: a whole-graph plan, -3: a local-search plan, -4: the empty
+                               // plan with masks compact, -5: a candidate's evictions minus
+                               // its masks, which stay compact); compacted variants keep their slot
 };
 
 struct PlannerStats {

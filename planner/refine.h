@@ -1,5 +1,6 @@
-// Local search over eviction sets, with the simulator as the judge. From a plan's evictions it
-// tries every single change (evict one more value, or keep one evicted value) and every swap
+// Local search over eviction sets, with the simulator as the judge. From a plan's evictions and
+// compactions it tries every single change (evict one more value, keep one evicted value, keep a
+// dropout mask compact or not) and every swap
 // (keep one evicted value, evict one kept), applies the one that makes the step fastest while the
 // simulated peak still fits the budget, and repeats until no change helps. Each candidate set
 // becomes a plan through build_eviction_actions (each value rebuilt just before its first unpack).

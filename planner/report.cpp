@@ -21,7 +21,10 @@ std::string format_summary(const Planner& pl, const PlanResult& r, bool list_blo
   s += fmt::format("blocks: {} ({} distinct), {} candidate plans\n", st.blocks, st.distinct_blocks,
                    st.candidates);
   const bool blocks = r.origin == "blocks";
-  if (!blocks) s += fmt::format("schedule: per-value evictions from the {} (block modes unused)\n", r.origin);
+  if (r.origin == "mask compaction")
+    s += "schedule: dropout masks kept compact, nothing evicted (block modes unused)\n";
+  else if (!blocks)
+    s += fmt::format("schedule: per-value evictions from the {} (block modes unused)\n", r.origin);
   if (list_blocks && blocks) {
     s += "  block  ops          input        candidates  options  mode\n";
     for (size_t i = 0; i < pl.blocks().size(); ++i) {
@@ -40,6 +43,15 @@ std::string format_summary(const Planner& pl, const PlanResult& r, bool list_blo
   s += fmt::format("actions: {} evictions, {} holds, {} recomputes ({} ops), {} releases\n",
                    plan.evictions.size(), plan.holds.size(), plan.recomputes.size(), rec_ops,
                    plan.releases.size());
+  if (!plan.compactions.empty()) {
+    int64_t full = 0, small = 0;
+    for (int64_t v : plan.compactions) {
+      full += pl.graph().bytes(v);
+      small += pl.graph().compact_bytes[v];
+    }
+    s += fmt::format("compact: {} dropout masks, {} kept as {}\n", plan.compactions.size(),
+                     format_bytes(full), format_bytes(small));
+  }
   const double over = plan.unplanned_time_us > 0
                           ? 100.0 * (plan.predicted_time_us / plan.unplanned_time_us - 1.0)
                           : 0.0;

@@ -53,6 +53,18 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
   }
   for (auto& [v, rs] : releases) std::sort(rs.begin(), rs.end());
 
+  std::vector<int64_t> compact = plan.compactions;
+  std::vector<char> is_compact(nv, 0);
+  for (size_t k = 0; k < compact.size(); ++k) {
+    const int64_t v = compact[k];
+    if (!value_ok(v) || g.compact_bytes[v] <= 0)
+      return fail(r, fmt::format("compaction of value {} which is not a dropout mask", v));
+    if (k > 0 && v <= compact[k - 1]) return fail(r, "compactions not sorted or repeated");
+    if (evict_at.count(v) || held.count(v) || releases.count(v))
+      return fail(r, fmt::format("value {} is both compacted and evicted, held or released", v));
+    is_compact[v] = 1;
+  }
+
   // Planned copies of every touched value.
   std::map<int64_t, std::vector<Copy>> copies;
   std::map<int64_t, size_t> next_release;
@@ -149,6 +161,16 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
     add(g.producer(v), g.natural_end[v], -g.bytes(v));
     for (const Copy& c : cs) add(c.start, c.end, g.bytes(v));
   }
+  // A compact value: the mask is made at the end of its producer (both forms alive there), only
+  // the mask lives until backward, and each unpacking node holds an expanded copy while it runs.
+  for (int64_t v : compact) {
+    if (std::binary_search(touched.begin(), touched.end(), v))
+      return fail(r, fmt::format("value {} is both compacted and kept by a recompute", v));
+    const int64_t full = g.bytes(v), small = g.compact_bytes[v], prod = g.producer(v);
+    add(prod, prod, small);
+    add(prod + 1, g.natural_end[v], small - full);
+    for (int64_t u : p.values[v].unpacked_by) add(N + u, N + u, full);
+  }
   std::vector<int64_t> delta(E + 1, 0);
   int64_t run_sum = 0;
   for (int64_t i = 0; i < E; ++i) delta[i] = (run_sum += diff[i]);
@@ -207,14 +229,18 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
       cur += g.out_bytes[o];
       peak = std::max(peak, cur + g.workspace[o]);
       for (int64_t v : g.produces[o]) made[v] = 1;
-      r->recompute_us += p.forward[o].time_us;
+      // A dropout whose mask is compact and still alive is rebuilt as input x mask (compaction.md).
+      const int64_t m = g.op_mask[o];
+      const bool tail = m >= 0 && is_compact[m] && pos <= g.natural_end[m];
+      r->recompute_us += tail ? g.compact_us[m] : p.forward[o].time_us;
       for (int64_t v : free_at[k]) cur -= g.bytes(v);  // created here, no longer needed
     }
     r->action_peak[a] = peak;
     r->bwd_peak[rc.before_bwd] = std::max(r->bwd_peak[rc.before_bwd], peak);
   }
   for (int64_t j = 0; j < M; ++j) r->peak = std::max(r->peak, r->bwd_peak[j]);
-  r->time_us += r->recompute_us;
+  for (int64_t v : compact) r->compact_us += g.compact_us[v];
+  r->time_us += r->recompute_us + r->compact_us;
   r->ok = true;
   return true;
 }

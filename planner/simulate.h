@@ -2,7 +2,9 @@
 // timeline, minus each evicted value between its eviction and its rebuild, plus held values beyond
 // their natural life, plus kept recompute outputs, plus each recompute action's transient (values
 // it creates, freed at last use, and each op's workspace = peak - max(live_before, live_after)).
-// Time: the measured step time plus the time of every recomputed op.
+// Compacted values count their compact bytes between producer and unpack (simulate.cpp).
+// Time: the measured step time plus the time of every recomputed op and every compaction; a
+// dropout re-run while its mask is compact costs the mask's compaction estimate (compaction.md).
 // It also checks the plan: indices, forward uses after eviction, every recompute input available,
 // every unpack of an evicted value preceded by its rebuild.
 #pragma once
@@ -26,6 +28,7 @@ struct SimResult {
   int64_t peak = 0;
   double time_us = 0;
   double recompute_us = 0;
+  double compact_us = 0;                     // estimated cost of the plan's compactions
 };
 
 SimResult simulate(const Graph& g, const Plan& plan);

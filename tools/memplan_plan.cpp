@@ -1,4 +1,4 @@
-// memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks] [--no-whole-graph] [--no-local-search]
+// memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks] [--no-whole-graph] [--no-local-search] [--no-compaction]
 // Offline planning: prints the blocks, the chosen schedule and predicted peak/time vs the
 // un-planned step. Exit status: 0 ok (also when the budget is below the minimum: the
 // minimum-memory plan is printed and flagged), 2 bad arguments or a malformed profile, 3 internal.
@@ -20,7 +20,7 @@ using namespace memplan::planner;
 namespace {
 
 const char* kUsage =
-    "usage: memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks] [--no-whole-graph] [--no-local-search]\n"
+    "usage: memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks] [--no-whole-graph] [--no-local-search] [--no-compaction]\n"
     "  B: bytes with a unit (300MiB, 1.5GB, 123456) or a percentage of activation memory (50%)\n";
 
 int usage(const std::string& why) {
@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
       popt.whole_graph.enabled = false;
     } else if (a == "--no-local-search") {
       popt.refine.enabled = false;
+    } else if (a == "--no-compaction") {
+      popt.compact_masks = false;
     } else if (a == "-h" || a == "--help") {
       fmt::print("{}", kUsage);
       return 0;

@@ -89,6 +89,26 @@ def test_gpt2_budget_actually_lowers_the_peak(runner, plain_runs):
     # Ops that save nothing the plan evicts keep their saved tensors with autograd (no Python hook
     # call); the peak above shows the evicted ones still went through ours.
     assert all(r["ops_unhooked"] > r["ops_hooked"] > 0 for r in report["replay"])
+    # On the CPU the plan keeps dropout masks compact (docs/compaction.md): every one is expanded
+    # once, at its unpack, and none is refused; the gradients above stay identical.
+    rs = report["replay"]
+    assert sum(r["compacted"] for r in rs) > 0
+    assert sum(r["expanded"] for r in rs) == sum(r["compacted"] for r in rs)
+    assert sum(r["compact_refused"] for r in rs) == 0
+
+
+def test_gpt2_dropout_rebuilt_from_its_compact_mask(runner, plain_runs):
+    """At 35% the plan evicts dropout outputs and keeps their masks compact: after a first re-run
+    checked bit for bit, each such dropout is rebuilt as input x mask, without the random draw."""
+    stdout, plain_dump = plain_runs("gpt2")
+    p, report = replay(runner, "gpt2", "35%")
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    rs = report["replay"]
+    assert sum(r["tail_reruns"] for r in rs) > 0
+    assert sum(r["on_demand"] for r in rs) == 0
+    assert "differs from re-running dropout" not in p.stderr
+    assert max(measured_peaks(report)) <= report["plan"]["budget_bytes"]
 
 
 # --user-hooks: the script's own saved_tensors_hooks must see every pack and unpack (its count is
@@ -180,9 +200,11 @@ def test_actions_in_nvtx_and_trace(runner):
         assert f"push memplan {phase}" in lines
     assert any(l.startswith("mark memplan memplan/evict value ") for l in lines)
     assert any(l.startswith("push memplan memplan/recompute before node ") for l in lines)
+    assert any(l.startswith("push memplan memplan/compact value ") for l in lines)
     trace = json.loads((runner.tmp / "memplan-trace.json").read_text())["traceEvents"]
     steps = [e["name"] for e in trace if e.get("cat") == "phase"]
     assert steps == ["memplan/warmup step 0", "memplan/warmup step 1", "memplan/replay step 2"]
     actions = [e for e in trace if e.get("cat") == "action"]
     assert any(e["name"].startswith("memplan/evict") for e in actions)
     assert any(e["name"].startswith("memplan/recompute") and e["ph"] == "X" for e in actions)
+    assert any(e["name"].startswith("memplan/compact value") and e["ph"] == "X" for e in actions)

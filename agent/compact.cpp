@@ -1,0 +1,135 @@
+#include "agent/compact.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/mul.h>
+
+#include <algorithm>
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+namespace memplan {
+
+namespace {
+
+// Not at::empty: no dispatcher call (so no RecordFunction: the agent's own tensors are no ops of
+// the user's step) and no fill of "uninitialised" memory under deterministic mode (each element
+// is written below).
+at::Tensor raw_empty(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::Tensor(at::detail::empty_cpu(sizes, dtype));
+}
+
+constexpr int64_t kGrain = 32768;  // elements per task: below this, one thread does it all
+
+// Writes mask[i] = (x[i] != 0) and says whether every non-zero x[i] equals `top`. Branch-free so
+// the compiler vectorises it.
+template <typename T>
+bool pack(const T* x, uint8_t* mask, int64_t n, T top) {
+  std::atomic<bool> ok{true};
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    uint8_t bad = 0;
+    for (int64_t i = b; i < e; ++i) {
+      const T v = x[i];
+      mask[i] = static_cast<uint8_t>(v != 0);
+      bad |= static_cast<uint8_t>((v != 0) & (v != top));
+    }
+    if (bad) ok.store(false, std::memory_order_relaxed);
+  });
+  return ok.load();
+}
+
+template <typename T>
+void unpack(const uint8_t* mask, T* x, int64_t n, T top) {
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] = static_cast<T>(-static_cast<T>(mask[i]) & top);
+  });
+}
+
+template <typename T>
+bool compact_as(const at::Tensor& t, CompactMask* out) {
+  const T* x = static_cast<const T*>(t.data_ptr());
+  const int64_t n = t.numel();
+  int64_t first = 0;
+  while (first < n && x[first] == 0) ++first;  // the value: the first non-zero pattern
+  const T top = first < n ? x[first] : T(0);
+  at::Tensor mask = raw_empty(t.sizes(), at::kBool);
+  if (!pack<T>(x, static_cast<uint8_t*>(mask.data_ptr()), n, top)) return false;
+  out->mask = std::move(mask);
+  std::memcpy(&out->bits, &top, sizeof(T));
+  out->dtype = t.scalar_type();
+  return true;
+}
+
+template <typename T>
+at::Tensor expand_as(const CompactMask& c) {
+  at::Tensor t = raw_empty(c.mask.sizes(), c.dtype);
+  T top;
+  std::memcpy(&top, &c.bits, sizeof(T));
+  unpack<T>(static_cast<const uint8_t*>(c.mask.data_ptr()), static_cast<T*>(t.data_ptr()), c.mask.numel(), top);
+  return t;
+}
+
+}  // namespace
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined() || a.scalar_type() != b.scalar_type() || !a.sizes().equals(b.sizes()))
+    return false;
+  at::ScalarType it;
+  switch (a.element_size()) {
+    case 1: it = at::kByte; break;
+    case 2: it = at::kShort; break;
+    case 4: it = at::kInt; break;
+    case 8: it = at::kLong; break;
+    default: return false;
+  }
+  if (a.is_complex() || a.scalar_type() == at::kBool) return at::equal(a, b);
+  return at::equal(a.view(it), b.view(it));
+}
+
+bool tail_matches(const at::Tensor& input, const CompactMask& mask, const at::Tensor& out) {
+  if (!input.defined() || !out.defined() || !mask.mask.defined() || !input.is_contiguous() ||
+      !out.is_contiguous() || !mask.mask.is_contiguous() || !input.sizes().equals(out.sizes()) ||
+      !input.sizes().equals(mask.mask.sizes()) || input.scalar_type() != out.scalar_type() ||
+      input.scalar_type() != mask.dtype) {
+    return false;
+  }
+  constexpr int64_t kChunk = 16384;
+  const int64_t n = input.numel();
+  const at::Tensor in = input.view({-1}), o = out.view({-1}), m = mask.mask.view({-1});
+  for (int64_t s = 0; s < n; s += kChunk) {
+    const int64_t len = std::min(kChunk, n - s);
+    const CompactMask part{m.narrow(0, s, len), mask.bits, mask.dtype};
+    if (!bitwise_equal(at::mul(in.narrow(0, s, len), expand_mask(part)), o.narrow(0, s, len))) return false;
+  }
+  return true;
+}
+
+bool compact_mask(const at::Tensor& t, CompactMask* out) {
+  if (!t.defined() || !t.is_cpu() || t.layout() != at::kStrided || !t.is_contiguous() ||
+      t.storage_offset() != 0 || t.numel() == 0 || t.is_conj() || t.is_neg() ||
+      static_cast<int64_t>(t.storage().nbytes()) != static_cast<int64_t>(t.numel() * t.element_size())) {
+    return false;
+  }
+  switch (t.scalar_type()) {
+    case at::kFloat: return compact_as<int32_t>(t, out);
+    case at::kDouble: return compact_as<int64_t>(t, out);
+    case at::kHalf:
+    case at::kBFloat16: return compact_as<int16_t>(t, out);
+    default: return false;
+  }
+}
+
+at::Tensor expand_mask(const CompactMask& c) {
+  switch (c.dtype) {
+    case at::kFloat: return expand_as<int32_t>(c);
+    case at::kDouble: return expand_as<int64_t>(c);
+    case at::kHalf:
+    case at::kBFloat16: return expand_as<int16_t>(c);
+    default: return at::Tensor();
+  }
+}
+
+}  // namespace memplan

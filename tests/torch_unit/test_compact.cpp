@@ -1,0 +1,118 @@
+// Compact dropout masks (agent/compact.h): bit-exact round trips of the tensors aten::dropout
+// saves on the CPU, and refusal of everything that is not such a mask.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+
+#include <cmath>
+#include <limits>
+
+#include "agent/compact.h"
+
+using memplan::CompactMask;
+using memplan::compact_mask;
+using memplan::expand_mask;
+
+namespace {
+
+// The bits, so that -0.0 vs +0.0 and NaN payloads count as different.
+at::Tensor bits(const at::Tensor& t) {
+  switch (t.element_size()) {
+    case 2: return t.view(at::kShort);
+    case 8: return t.view(at::kLong);
+    default: return t.view(at::kInt);
+  }
+}
+
+// What aten::dropout saves on the CPU (Dropout.cpp, the non-fused path).
+at::Tensor dropout_noise(at::IntArrayRef shape, at::ScalarType dtype, double p) {
+  return at::empty(shape, at::TensorOptions().dtype(dtype)).bernoulli_(1 - p).div_(1 - p);
+}
+
+}  // namespace
+
+TEST(Compact, DropoutNoiseRoundTripsBitForBit) {
+  at::manual_seed(0);
+  for (at::ScalarType dt : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    // 300 Ki elements: several parallel chunks.
+    for (double p : {0.1, 0.5, 0.9}) {
+      const at::Tensor noise = dropout_noise({3, 100, 1024}, dt, p);
+      CompactMask c;
+      ASSERT_TRUE(compact_mask(noise, &c)) << dt << " p=" << p;
+      EXPECT_EQ(c.mask.scalar_type(), at::kBool);
+      EXPECT_EQ(c.mask.nbytes() * noise.element_size(), noise.nbytes());
+      const at::Tensor back = expand_mask(c);
+      EXPECT_EQ(back.scalar_type(), dt);
+      EXPECT_EQ(back.sizes(), noise.sizes());
+      EXPECT_EQ(back.strides(), noise.strides());
+      EXPECT_TRUE(at::equal(bits(back), bits(noise))) << dt << " p=" << p;
+    }
+  }
+}
+
+TEST(Compact, AllZeroAndNoZeroTensorsRoundTrip) {
+  for (const at::Tensor& t : {at::zeros({7, 5}), at::full({7, 5}, 1.25f), at::full({4}, 1.25f).to(at::kHalf)}) {
+    CompactMask c;
+    ASSERT_TRUE(compact_mask(t, &c));
+    EXPECT_TRUE(at::equal(bits(expand_mask(c)), bits(t)));
+  }
+}
+
+TEST(Compact, RefusesWhatIsNotAZeroOrOneValueMask) {
+  CompactMask c;
+  at::Tensor two = at::zeros({200000});
+  two[0] = 2.0f;
+  two[199999] = 3.0f;  // a second value, in the last parallel chunk
+  EXPECT_FALSE(compact_mask(two, &c));
+  at::Tensor neg_zero = at::full({16}, 1.25f);
+  neg_zero[3] = -0.0f;  // equal to 0.0 as a float, not as bits
+  EXPECT_FALSE(compact_mask(neg_zero, &c));
+  at::Tensor nan = at::zeros({16});
+  nan[1] = std::numeric_limits<float>::quiet_NaN();
+  nan[2] = 1.0f;
+  EXPECT_FALSE(compact_mask(nan, &c));
+  EXPECT_FALSE(compact_mask(at::randn({8, 8}), &c));
+  EXPECT_FALSE(compact_mask(at::ones({8, 4}, at::kLong), &c));     // not floating
+  EXPECT_FALSE(compact_mask(at::ones({8, 4}).t(), &c));            // not contiguous
+  EXPECT_FALSE(compact_mask(at::ones({8, 4}).narrow(0, 1, 2), &c));  // part of a storage
+  EXPECT_FALSE(compact_mask(at::ones({0}), &c));
+  EXPECT_FALSE(compact_mask(at::Tensor(), &c));
+}
+
+TEST(Compact, BitwiseEqualComparesBits) {
+  const at::Tensor a = at::tensor({0.0f, 1.5f});
+  EXPECT_TRUE(memplan::bitwise_equal(a, a.clone()));
+  EXPECT_FALSE(memplan::bitwise_equal(a, at::tensor({-0.0f, 1.5f})));  // == as floats
+  const at::Tensor nan = at::full({3}, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(memplan::bitwise_equal(nan, nan.clone()));                // != as floats
+  EXPECT_FALSE(memplan::bitwise_equal(a, a.to(at::kDouble)));
+  EXPECT_FALSE(memplan::bitwise_equal(a, at::tensor({0.0f, 1.5f, 2.0f})));
+}
+
+// The dropout tail: input x mask is what aten::dropout returned, checked chunk by chunk.
+TEST(Compact, TailMatchesWhatDropoutReturned) {
+  at::manual_seed(1);
+  const at::Tensor x = at::randn({3, 100, 200});  // several 16 Ki chunks
+  at::Generator rng = at::detail::getDefaultCPUGenerator();
+  at::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(rng.mutex());
+    state = rng.get_state();
+  }
+  const at::Tensor out = at::dropout(x, 0.3, /*train=*/true);
+  {
+    std::lock_guard<std::mutex> lock(rng.mutex());
+    rng.set_state(state);
+  }
+  const at::Tensor noise = at::empty_like(x).bernoulli_(0.7).div_(0.7);  // the same draw
+  CompactMask c;
+  ASSERT_TRUE(compact_mask(noise, &c));
+  EXPECT_TRUE(memplan::tail_matches(x, c, out));
+  at::Tensor wrong = out.clone();
+  wrong.view({-1})[x.numel() - 1] += 1;  // the last chunk
+  EXPECT_FALSE(memplan::tail_matches(x, c, wrong));
+  EXPECT_FALSE(memplan::tail_matches(x.transpose(1, 2).contiguous().transpose(1, 2), c, out));  // layout
+}
