@@ -35,7 +35,10 @@ struct WholeGraphPlan {
   double time_us = 0;
 };
 
+// compact_view: solve as if every dropout mask were kept compact (compaction.md) and return plans
+// that keep them so; nothing when the graph has no masks.
 std::vector<WholeGraphPlan> whole_graph_plans(const Graph& g, const std::vector<Block>& blocks,
-                                              MilpSolver& solver, const WholeGraphOptions& opt);
+                                              MilpSolver& solver, const WholeGraphOptions& opt,
+                                              bool compact_view = false);
 
 }  // namespace memplan::planner
