@@ -3,9 +3,19 @@ predicted peaks, the median step time and the overhead against plain PyTorch, si
 one run (configurations interleaved so machine noise hits them alike). Not a test.
 
     MEMPLAN_BUILD=build python bench/replay_bench.py [--models gpt2,cnn] [--steps 12] [--rounds 1]
-        [--budgets 100%,50%] [--train-args "--device cuda --batch 32"]
+        [--budgets 100%,50%] [--train-args "--device cuda --batch 32"] [--threads 1]
+        [--plans a.json,b.json]
+
+--plans: also replay these plan files (MEMPLAN_PLAN; made by `memplan-plan PROFILE --budget B
+-o a.json` from a profile of the same script), each as a row named after its file: the same
+plan with and without a planner feature, side by side in the same rounds.
+
+--threads 1 is the setting for small shared VMs: there, two-thread CPU runs land in a fast or a
+slow mode ~30% apart for a whole run, plain and planned alike, which hides the differences the
+bench is for; one thread is steady to about 2%.
 """
 import argparse
+import os
 import shlex
 import statistics
 import sys
@@ -24,8 +34,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="repeat every configuration, take medians")
     ap.add_argument("--budgets", default=",".join(BUDGETS), help="comma-separated; 'min' is below any minimum")
     ap.add_argument("--train-args", default="", help="extra examples/train.py arguments, e.g. '--device cuda'")
+    ap.add_argument("--plans", default="", help="comma-separated plan files to replay as extra rows")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="intra-op CPU threads of every run (OMP/MKL_NUM_THREADS); 0: as inherited")
     args = ap.parse_args()
-    budgets = args.budgets.split(",")
+    if args.threads > 0:
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+    budgets = [b for b in args.budgets.split(",") if b]
+    plans = {Path(f).name: f for f in args.plans.split(",") if f}
+    budgets += list(plans)
     extra = shlex.split(args.train_args)
     print(f"| model | budget | feasible | measured peak | predicted | error | act. measured | median step | overhead | identical |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -36,7 +53,10 @@ def main():
             plain = mr.run(model, args.steps, memplan=False, extra_args=extra)
             plain_times.append(plain["step_s"])
             for b in budgets:
-                runs[b].append(mr.run(model, args.steps, budget="1%" if b == "min" else b, extra_args=extra))
+                if b in plans:
+                    runs[b].append(mr.run(model, args.steps, plan=plans[b], extra_args=extra))
+                else:
+                    runs[b].append(mr.run(model, args.steps, budget="1%" if b == "min" else b, extra_args=extra))
         t0 = statistics.median(plain_times)
         for b in budgets:
             r = runs[b][-1]

@@ -22,14 +22,17 @@ def _env(extra):
 
 
 def run(model, steps, budget=None, memplan=True, extra_args=(), python=sys.executable, warmup=2,
-        quiet=True, workdir=None):
-    """One run. budget=None with memplan=True profiles only. Returns a dict of what it measured."""
+        quiet=True, workdir=None, plan=None):
+    """One run. budget=None with memplan=True profiles only; plan: a plan file to replay
+    (MEMPLAN_PLAN) instead of planning. Returns a dict of what it measured."""
     work = Path(workdir or tempfile.mkdtemp(prefix="memplan-run-"))
     args = [str(python), str(TRAIN), "--model", model, "--steps", str(steps), "--dump", "dump.pt",
             "--times", "times.json", *extra_args]
     env = {"MEMPLAN_WARMUP": warmup, "MEMPLAN_REPORT": "report.json"}
     if budget is not None:
         env["MEMPLAN_BUDGET"] = budget
+    if plan is not None:
+        env["MEMPLAN_PLAN"] = str(Path(plan).resolve())
     if quiet:
         env["MEMPLAN_SUMMARY"] = 0
     cmd = [str(LAUNCHER), *args] if memplan else args
