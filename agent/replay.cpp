@@ -45,7 +45,13 @@ class RerunState {
         cpu_ac_(at::autocast::is_autocast_enabled(at::kCPU)),
         cuda_ac_(at::autocast::is_autocast_enabled(at::kCUDA)),
         cpu_dt_(at::autocast::get_autocast_dtype(at::kCPU)),
-        cuda_dt_(at::autocast::get_autocast_dtype(at::kCUDA)) {
+        cuda_dt_(at::autocast::get_autocast_dtype(at::kCUDA)),
+        cache_(at::autocast::is_autocast_cache_enabled()) {
+    // No autocast weight cache: a re-run runs outside the user's autocast region, so nothing
+    // would clear the bf16/fp16 weight copies it cached until the next forward's region ends,
+    // memory no plan accounts for (+23% over the predicted peak at 35% under CPU bf16 autocast).
+    // Uncached casts give the same values and die with the op.
+    at::autocast::set_autocast_cache_enabled(false);
     at::autocast::set_autocast_enabled(at::kCPU, cpu_ac);
     at::autocast::set_autocast_enabled(at::kCUDA, cuda_ac);
     at::autocast::set_autocast_dtype(at::kCPU, cpu_dt);
@@ -66,12 +72,14 @@ class RerunState {
     at::autocast::set_autocast_enabled(at::kCUDA, cuda_ac_);
     at::autocast::set_autocast_dtype(at::kCPU, cpu_dt_);
     at::autocast::set_autocast_dtype(at::kCUDA, cuda_dt_);
+    at::autocast::set_autocast_cache_enabled(cache_);
   }
 
  private:
   at::AutoGradMode grad_;
   bool cpu_ac_, cuda_ac_;
   at::ScalarType cpu_dt_, cuda_dt_;
+  bool cache_;
   std::vector<std::pair<at::Generator, at::Tensor>> saved_rng_;
 };
 

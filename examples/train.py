@@ -27,6 +27,7 @@ def parse():
     p.add_argument("--eval-every", type=int, default=0, help="a torch.no_grad() eval pass every N steps")
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around each GPT-2 block")
     p.add_argument("--torch-profiler", action="store_true", help="run step 1 under torch.profiler.profile()")
+    p.add_argument("--autocast", action="store_true", help="forward under torch.autocast (bfloat16)")
     p.add_argument("--func", action="store_true", help="call a torch.func transform each step")
     p.add_argument("--user-hooks", action="store_true",
                    help="compute the loss under the script's own saved_tensors_hooks; print how many packs they saw")
@@ -153,7 +154,11 @@ def main():
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.__enter__()
             x, y = x.to(args.device), y.to(args.device)
-            out = model(x)
+            with (torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16) if args.autocast
+                  else contextlib.nullcontext()):
+                out = model(x)
+            if args.autocast:
+                out = out.float()
             user_packs = [0, 0]  # packs, unpacks seen by the script's own hooks
 
             def user_pack(t):

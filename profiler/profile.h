@@ -65,8 +65,9 @@ struct Value {
   std::vector<int64_t> saved_by;    // forward op indices whose autograd node saved it
   std::vector<int64_t> unpacked_by; // backward node indices that unpacked it, in order
   int64_t saved_bytes = 0;          // bytes autograd saved of it (0 unless saved_by is non-empty)
-  bool held_outside = false;        // something besides autograd still referenced it after forward
-                                    // (evicting it frees nothing)
+  bool held_outside = false;        // something besides autograd still referenced it after forward,
+                                    // or (made inside an op) after that op: autocast's weight cache
+                                    // (evicting it frees nothing, or nothing during forward)
 };
 
 struct Profile {

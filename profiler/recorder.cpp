@@ -148,6 +148,23 @@ void Recorder::op_end(const at::RecordFunction& fn) {
     // first op that counts, after the script's own bookkeeping such as zero_grad).
     if (profile_.forward.empty()) in_step_ = false;
   }
+  // A tensor made inside this op and saved by it that something besides autograd still holds now
+  // that the op is done: autocast's cache of a parameter's low-precision copy, held until the
+  // user's autocast region ends. Evicting it frees nothing during forward, which the planner's
+  // memory model would not see: count it as held outside autograd.
+  if (idx < static_cast<int64_t>(profile_.forward.size())) {
+    for (int64_t v : profile_.forward[idx].packs) {
+      Value& val = profile_.values[v];
+      if (val.producer != idx || val.held_outside) continue;
+      bool output = false;
+      for (const TensorRef& r : profile_.forward[idx].outputs) output = output || r.value == v;
+      auto strong = slots_[v].storage.lock();
+      if (output || !strong) continue;
+      const auto pc = pack_counts_.find(v);
+      const int64_t refs = static_cast<int64_t>(strong.use_count()) - 1;  // minus our lock
+      if (refs > (pc == pack_counts_.end() ? 0 : pc->second)) val.held_outside = true;
+    }
+  }
   packs_in_op_ = 0;
 }
 
@@ -188,7 +205,8 @@ void Recorder::begin_backward() {
     if (!strong) continue;
     const int64_t refs = static_cast<int64_t>(strong.use_count()) - 1;  // minus our lock
     const auto pc = pack_counts_.find(static_cast<int64_t>(i));
-    v.held_outside = v.kind != ValueKind::Activation || refs > (pc == pack_counts_.end() ? 0 : pc->second);
+    v.held_outside = v.held_outside || v.kind != ValueKind::Activation ||
+                     refs > (pc == pack_counts_.end() ? 0 : pc->second);
   }
 }
 

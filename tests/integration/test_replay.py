@@ -97,6 +97,19 @@ def test_gpt2_budget_actually_lowers_the_peak(runner, plain_runs):
     assert sum(r["compact_refused"] for r in rs) == 0
 
 
+def test_autocast_bit_identical_and_weight_cache_not_evicted(runner, plain_runs):
+    """Forward under CPU bfloat16 autocast: bit-identical at 50%, and the parameters' bf16 copies
+    that autocast caches (saved inside linear, held by the cache until the region ends) count as
+    held outside autograd, so no plan evicts them expecting memory back during forward."""
+    stdout, plain_dump = plain_runs("gpt2", ["--autocast"])
+    p, report = replay(runner, "gpt2", "50%", ["--autocast"], env={"MEMPLAN_SUMMARY": "1"})
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    held = [l for l in p.stderr.splitlines() if "also held outside autograd" in l]
+    assert held and "of which 0 B also held" not in held[0], held
+    assert sum(r["divergences"] for r in report["replay"]) == 0
+
+
 def test_gpt2_dropout_rebuilt_from_its_compact_mask(runner, plain_runs):
     """At 35% the plan evicts dropout outputs and keeps their masks compact: after a first re-run
     checked bit for bit, each such dropout is rebuilt as input x mask, without the random draw."""
