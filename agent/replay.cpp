@@ -123,6 +123,37 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
     }
   }
   tail_state_.assign(n, 0);
+  // Ops a rebuild may re-run: every op that provides (creates or re-exposes, as a view) an evicted
+  // value, and transitively every op providing their inputs. Only these keep a strong reference
+  // to their inputs from before the step: another op's (a script cloning last step's gradients
+  // before the forward) would keep memory alive that the script frees mid-step (+16-22% over
+  // the predicted peak at 35% in that loop, measured).
+  {
+    std::vector<std::vector<int64_t>> providers(profile.values.size());
+    for (size_t i = 0; i < n; ++i)
+      for (const TensorRef& t : profile.forward[i].outputs)
+        if (t.value >= 0 && static_cast<size_t>(t.value) < providers.size()) providers[t.value].push_back(i);
+    for (size_t v = 0; v < profile.values.size(); ++v) {
+      const int64_t prod = profile.values[v].producer;
+      if (prod >= 0 && static_cast<size_t>(prod) < n) providers[v].push_back(prod);
+    }
+    hold_externals_.assign(n, 0);
+    std::vector<int64_t> work;
+    auto need_value = [&](int64_t v) {
+      if (v < 0 || static_cast<size_t>(v) >= providers.size()) return;
+      for (int64_t o : providers[v])
+        if (!hold_externals_[o]) {
+          hold_externals_[o] = 1;
+          work.push_back(o);
+        }
+    };
+    for (const auto& e : plan_.evictions) need_value(e.value);
+    while (!work.empty()) {
+      const int64_t o = work.back();
+      work.pop_back();
+      for (const TensorRef& t : profile.forward[o].inputs) need_value(t.value);
+    }
+  }
   for (const auto& r : plan_.recomputes) recompute_before_[r.before_bwd] = &r;
   for (const auto& r : plan_.releases) release_after_[r.after_bwd].push_back(r.value);
   // Values by position, from the profile: the k-th output / k-th pack of op i. The planned step
@@ -147,6 +178,10 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
       if (v >= 0 && static_cast<size_t>(v) < evicted.size() && evicted[v]) wants_packs_[i] = 1;
     }
   }
+}
+
+bool Replayer::hold_externals(int64_t op) const {
+  return diverged_ || op < 0 || static_cast<size_t>(op) >= hold_externals_.size() || hold_externals_[op];
 }
 
 bool Replayer::wants_packs(int64_t op) const {
@@ -289,7 +324,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, const Op& reco
     const auto* alias = schema.arguments()[i].alias_info();
     a.written = alias != nullptr && alias->isWrite();
     auto add = [&](const at::Tensor& t) {
-      a.tensors.push_back(source_of(t, /*unknown_is_external=*/true));
+      a.tensors.push_back(source_of(t, /*unknown_is_external=*/hold_externals(op)));
       a.requires_grad.push_back(t.defined() && t.requires_grad());
     };
     if (iv.isTensor()) {

@@ -149,6 +149,9 @@ class Replayer {
   // Per fwd op, across steps: 0 the dropout tail is unchecked, 1 checked bit-identical to a full
   // re-run (used from then on), -1 it differed (never used).
   std::vector<int8_t> tail_state_;
+  // Per fwd op: a rebuild may re-run it, so it holds its inputs from before the step (ctor).
+  std::vector<char> hold_externals_;
+  bool hold_externals(int64_t op) const;
   std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;
   std::unordered_map<int64_t, std::vector<int64_t>> release_after_;
   std::vector<int64_t> value_bytes_;                          // per profile value

@@ -27,6 +27,8 @@ def parse():
     p.add_argument("--eval-every", type=int, default=0, help="a torch.no_grad() eval pass every N steps")
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around each GPT-2 block")
     p.add_argument("--torch-profiler", action="store_true", help="run step 1 under torch.profiler.profile()")
+    p.add_argument("--log-grads", action="store_true",
+                   help="keep a clone of every gradient after each step (grad mode on)")
     p.add_argument("--autocast", action="store_true", help="forward under torch.autocast (bfloat16)")
     p.add_argument("--func", action="store_true", help="call a torch.func transform each step")
     p.add_argument("--user-hooks", action="store_true",
@@ -138,6 +140,7 @@ def main():
                                        num_workers=args.workers)
     it = iter(data)
     record = {"loss": [], "grads": []}
+    logged = []
     times = []
     for step in range(args.steps):
         t0 = time.perf_counter()
@@ -199,6 +202,9 @@ def main():
             # so each step's memory starts from the same state (what torch.profiler measures).
             del x, y, out, loss
         opt.step()
+        if args.log_grads:
+            # A user's own logging, with grad mode on, between this backward and the next forward.
+            logged.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
         if args.eval_every and step % args.eval_every == 0:
             with torch.no_grad():
                 x, _ = models.make_batch(args.model, 10_000 + step, batch=args.batch)
