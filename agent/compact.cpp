@@ -1,12 +1,11 @@
 #include "agent/compact.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/mul.h>
 
 #include <algorithm>
-#include <ATen/Parallel.h>
-
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -85,7 +84,6 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
     case 8: it = at::kLong; break;
     default: return false;
   }
-  if (a.is_complex() || a.scalar_type() == at::kBool) return at::equal(a, b);
   return at::equal(a.view(it), b.view(it));
 }
 

@@ -159,12 +159,12 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
   // Values by position, from the profile: the k-th output / k-th pack of op i. The planned step
   // runs the same ops (checked op by op), so these name the same storages without relying on the
   // recorder's running numbering, which skipped packs would shift.
-  std::vector<char> evicted(profile.values.size(), 0);  // evicted or compacted: packs wanted
+  std::vector<char> acted_on(profile.values.size(), 0);  // evicted or compacted: packs wanted
   for (const auto& e : plan_.evictions) {
-    if (e.value >= 0 && static_cast<size_t>(e.value) < evicted.size()) evicted[e.value] = 1;
+    if (e.value >= 0 && static_cast<size_t>(e.value) < acted_on.size()) acted_on[e.value] = 1;
   }
   for (int64_t v : plan_.compactions) {
-    if (v >= 0 && static_cast<size_t>(v) < evicted.size()) evicted[v] = 1;
+    if (v >= 0 && static_cast<size_t>(v) < acted_on.size()) acted_on[v] = 1;
   }
   value_bytes_.reserve(profile.values.size());
   for (const Value& v : profile.values) value_bytes_.push_back(v.bytes);
@@ -175,7 +175,7 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
     for (const TensorRef& t : profile.forward[i].outputs) output_values_[i].push_back(t.value);
     pack_values_[i] = profile.forward[i].packs;
     for (int64_t v : pack_values_[i]) {
-      if (v >= 0 && static_cast<size_t>(v) < evicted.size() && evicted[v]) wants_packs_[i] = 1;
+      if (v >= 0 && static_cast<size_t>(v) < acted_on.size() && acted_on[v]) wants_packs_[i] = 1;
     }
   }
 }

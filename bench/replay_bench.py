@@ -53,10 +53,8 @@ def main():
             plain = mr.run(model, args.steps, memplan=False, extra_args=extra)
             plain_times.append(plain["step_s"])
             for b in budgets:
-                if b in plans:
-                    runs[b].append(mr.run(model, args.steps, plan=plans[b], extra_args=extra))
-                else:
-                    runs[b].append(mr.run(model, args.steps, budget="1%" if b == "min" else b, extra_args=extra))
+                budget = None if b in plans else "1%" if b == "min" else b
+                runs[b].append(mr.run(model, args.steps, budget=budget, plan=plans.get(b), extra_args=extra))
         t0 = statistics.median(plain_times)
         for b in budgets:
             r = runs[b][-1]

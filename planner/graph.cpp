@@ -16,9 +16,9 @@ int64_t float_size(const std::string& dtype) {
 }
 
 // Dropout masks that can be kept compact (docs/compaction.md). aten::dropout on the CPU (every
-// device but those with the fused kernel: CUDA, XPU...) computes `input * noise` with noise = bernoulli_(1-p).div_(1-p), and the
-// multiplication saves `noise`: a float tensor of the input's shape whose elements are all +0 or
-// one scale. It is packed inside the op and is none of its outputs. The fused kernel saves a
+// device but those with the fused kernel: CUDA, XPU...) computes `input * noise` with
+// noise = bernoulli_(1-p).div_(1-p), and the multiplication saves `noise`: a float tensor of the
+// input's shape whose elements are all +0 or one scale. It is packed inside the op and is none of its outputs. The fused kernel saves a
 // one-byte mask already (and its bytes are not input numel x float size, so the rule skips it).
 // Cost: compacting is about one pass over the tensor, expanding another; both are priced as two
 // elementwise passes at the profile's own median rate for add/mul/sub/div (time per output byte).

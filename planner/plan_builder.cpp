@@ -195,4 +195,14 @@ void emit_actions(const Graph& g, Builder& B, std::map<int64_t, std::vector<int6
 
 }  // namespace
 
+void add_compactions(const Graph& g, const std::vector<char>* want, Plan* plan) {
+  std::vector<char> busy(g.prof->values.size(), 0);
+  for (const Eviction& e : plan->evictions) busy[e.value] = 1;
+  for (const Hold& h : plan->holds) busy[h.value] = 1;
+  for (const Recompute& rc : plan->recomputes)
+    for (int64_t v : rc.keep) busy[v] = 1;
+  for (int64_t v : g.compaction_candidates())
+    if (!busy[v] && (want == nullptr || (*want)[v])) plan->compactions.push_back(v);
+}
+
 }  // namespace memplan::planner

@@ -31,4 +31,8 @@ void build_eviction_actions(const Graph& g, const std::vector<Block>& blocks,
                             const std::vector<char>& evict, const std::vector<char>& checkpoint,
                             int keep_byproducts, Plan* plan);
 
+// Adds to plan->compactions (in value order) every dropout mask (Graph::compact_bytes) that the
+// plan does not evict, hold or keep in a recompute, and that `want` selects (null: every one).
+void add_compactions(const Graph& g, const std::vector<char>* want, Plan* plan);
+
 }  // namespace memplan::planner

@@ -148,28 +148,21 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     // Every candidate again with each dropout mask it does not evict kept compact (compaction.md):
     // far cheaper per byte than re-running dropout, so it usually replaces evictions; the pick
     // (and the local search) decides.
-    const std::vector<int64_t> masks = g.compaction_candidates();
-    if (!masks.empty()) {
+    if (has_masks) {
       const size_t n = cands_.size();
       for (size_t k = 0; k < n; ++k) {
         if (!cands_[k].plan.compactions.empty()) continue;  // made with masks compact already
         Candidate c;
         c.slot = cands_[k].slot == -1 ? -4 : cands_[k].slot;
         c.plan = cands_[k].plan;
-        std::vector<char> busy(g.prof->values.size(), 0);
-        for (const Eviction& e : c.plan.evictions) busy[e.value] = 1;
-        for (const Hold& h : c.plan.holds) busy[h.value] = 1;
-        for (const Recompute& rc : c.plan.recomputes)
-          for (int64_t v : rc.keep) busy[v] = 1;
-        for (int64_t v : masks)
-          if (!busy[v]) c.plan.compactions.push_back(v);
+        add_compactions(g, nullptr, &c.plan);
         if (c.plan.compactions.empty()) continue;
         SimResult s = simulate(g, c.plan);
         if (!s.ok) continue;
         c.peak = s.peak;
         c.time_us = s.time_us;
         // The masks it evicts kept compact too: dropouts it re-runs become `input x mask`.
-        std::vector<char> evict(busy.size(), 0);
+        std::vector<char> evict(g.prof->values.size(), 0);
         bool evicts_mask = false;
         for (const Eviction& e : cands_[k].plan.evictions) {
           evict[e.value] = g.compact_bytes[e.value] > 0 ? 0 : 1;
@@ -178,9 +171,8 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
         if (evicts_mask) {
           Candidate t;
           t.slot = -5;
-          build_eviction_actions(g, blocks_, evict, std::vector<char>(busy.size(), 0), 1, &t.plan);
-          for (int64_t v : masks)
-            if (!evict[v]) t.plan.compactions.push_back(v);
+          build_eviction_actions(g, blocks_, evict, std::vector<char>(evict.size(), 0), 1, &t.plan);
+          add_compactions(g, nullptr, &t.plan);
           SimResult ts = simulate(g, t.plan);
           if (ts.ok) {
             t.peak = ts.peak;

@@ -29,8 +29,7 @@ Refined refine_evictions(const Graph& g, const std::vector<Block>& blocks, const
     ++out.sims;
     Plan p;
     build_eviction_actions(g, blocks, set, no_hold, /*keep_byproducts=*/1, &p);
-    for (int64_t v : masks)
-      if (compact[v] && !set[v]) p.compactions.push_back(v);
+    add_compactions(g, &compact, &p);
     SimResult s = simulate(g, p);
     if (!s.ok || s.peak > budget || s.time_us >= best_time - 1e-6) return;
     best_time = s.time_us;

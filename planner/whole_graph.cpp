@@ -13,9 +13,9 @@ namespace memplan::planner {
 // Measured on tests/data/profiles/gpt2_cpu.json: these plans beat the block/DP plans at 45-90% of
 // activation memory (45%: +24.7% -> +21.5%, 70%: +9.1% -> +6.9%, 80%: +5.7% -> +3.6%), and on
 // resnet8 at 53-94% (70%: +6.2% -> +2.7%). Solved with masks compact (compact_view), the GPT-2
-// plans go from +12.1% to +10.0% at 50% and from +4.5% to +3.7% at 70%. Every solve is bounded by a node count, not the
-// clock, so the plans are a function of the profile (the golden tests hold them to that); a solve
-// the safety clock stops is dropped, not used.
+// plans go from +12.1% to +10.0% at 50% and from +4.5% to +3.7% at 70%. Every solve is bounded
+// by a node count, not the clock, so the plans are a function of the profile (the golden tests
+// hold them to that); a solve the safety clock stops is dropped, not used.
 
 std::vector<WholeGraphPlan> whole_graph_plans(const Graph& g, const std::vector<Block>& blocks,
                                               MilpSolver& solver, const WholeGraphOptions& opt,
@@ -65,9 +65,7 @@ std::vector<WholeGraphPlan> whole_graph_plans(const Graph& g, const std::vector<
     for (int keep_byproducts : {1, 0}) {
       WholeGraphPlan w;
       build_eviction_actions(g, blocks, ev, no_hold, keep_byproducts, &w.plan);
-      if (compact_view)
-        for (int64_t v = 0; v < static_cast<int64_t>(nv); ++v)
-          if (is_mask[v]) w.plan.compactions.push_back(v);
+      if (compact_view) add_compactions(g, nullptr, &w.plan);
       SimResult s = simulate(g, w.plan);
       if (!s.ok) continue;  // never emit a plan the simulator rejects
       w.peak = s.peak;

@@ -158,11 +158,7 @@ void Recorder::op_end(const at::RecordFunction& fn) {
       if (val.producer != idx || val.held_outside) continue;
       bool output = false;
       for (const TensorRef& r : profile_.forward[idx].outputs) output = output || r.value == v;
-      auto strong = slots_[v].storage.lock();
-      if (output || !strong) continue;
-      const auto pc = pack_counts_.find(v);
-      const int64_t refs = static_cast<int64_t>(strong.use_count()) - 1;  // minus our lock
-      if (refs > (pc == pack_counts_.end() ? 0 : pc->second)) val.held_outside = true;
+      if (!output && refs_beyond_packs(v) > 0) val.held_outside = true;
     }
   }
   packs_in_op_ = 0;
@@ -201,13 +197,18 @@ void Recorder::begin_backward() {
   for (size_t i = 0; i < profile_.values.size(); ++i) {
     Value& v = profile_.values[i];
     if (v.saved_by.empty()) continue;
-    auto strong = slots_[i].storage.lock();
-    if (!strong) continue;
-    const int64_t refs = static_cast<int64_t>(strong.use_count()) - 1;  // minus our lock
-    const auto pc = pack_counts_.find(static_cast<int64_t>(i));
-    v.held_outside = v.held_outside || v.kind != ValueKind::Activation ||
-                     refs > (pc == pack_counts_.end() ? 0 : pc->second);
+    const int64_t extra = refs_beyond_packs(static_cast<int64_t>(i));
+    if (extra < 0) continue;
+    v.held_outside = v.held_outside || v.kind != ValueKind::Activation || extra > 0;
   }
+}
+
+int64_t Recorder::refs_beyond_packs(int64_t v) const {
+  auto strong = slots_[v].storage.lock();
+  if (!strong) return -1;
+  const int64_t refs = static_cast<int64_t>(strong.use_count()) - 1;  // minus our lock
+  const auto pc = pack_counts_.find(v);
+  return refs - (pc == pack_counts_.end() ? 0 : pc->second);
 }
 
 void Recorder::node_start(const at::RecordFunction& fn) {

@@ -56,6 +56,9 @@ class Recorder {
   void add_overhead_ns(int64_t ns) { overhead_ns_ += ns; }
 
  private:
+  // References to value `v`'s storage beyond the pack handles autograd owns (each holds one
+  // TensorImpl of it); -1 if the storage is gone. Used to tell what else still holds it.
+  int64_t refs_beyond_packs(int64_t v) const;
   struct ValueSlot {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   };
