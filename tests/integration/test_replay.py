@@ -108,6 +108,10 @@ def test_autocast_bit_identical_and_weight_cache_not_evicted(runner, plain_runs)
     held = [l for l in p.stderr.splitlines() if "also held outside autograd" in l]
     assert held and "of which 0 B also held" not in held[0], held
     assert sum(r["divergences"] for r in report["replay"]) == 0
+    assert report["plan"]["feasible"]
+    worst = max(measured_peaks(report))
+    assert worst <= report["plan"]["budget_bytes"], (worst, report["plan"]["budget_bytes"])
+    assert abs(worst / report["plan"]["predicted_peak_bytes"] - 1) <= TOLERANCE
 
 
 def test_script_allocating_between_steps_keeps_the_peak_as_predicted(runner, plain_runs):
