@@ -272,8 +272,22 @@ void Agent::restore_pack_hooks() {
   packs_off_ = false;
 }
 
+void Agent::optimizer_step_begin(bool differentiable) {
+  if (inert_ || differentiable || phase_ == Phase::Done) return;
+  quiet_ops_begin();
+}
+
+void Agent::optimizer_step_end() { quiet_ops_end(); }
+
 void Agent::backward_begin() {
   if (inert_) return;
+  if (quiet_ops_active()) {
+    // An optimizer step raised (its post hook never ran) and the script went on: observe again
+    // from the next step; this one's forward went unseen, so it runs without planned actions.
+    quiet_ops_end();
+    log_once("optimizer-raised", LogLevel::Warn,
+             "an optimizer step raised: one training step ran without the plan's actions");
+  }
   if (backward_depth_ != 0) {
     ++backward_depth_;
     return;

@@ -44,6 +44,11 @@ class Agent final : public OpSink {
   void backward_begin();
   // False once the agent needs the saved-tensor hooks no more (the shim then removes them).
   bool backward_end();
+  // Around torch.optim's optimizer steps (global step pre/post hooks): no op of an optimizer step
+  // is recorded (no grad mode), so RecordFunction is off meanwhile (hooks/op_callbacks.h). Not
+  // for a differentiable optimizer, whose step runs under grad mode.
+  void optimizer_step_begin(bool differentiable);
+  void optimizer_step_end();
   // atexit: writes the outputs that are still pending and prints the summary.
   void finish();
   // In a forked child (DataLoader worker): inert from here on.

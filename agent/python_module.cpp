@@ -19,6 +19,8 @@ PYBIND11_MODULE(_memplan, m) {
   m.def("hooks_pushed", [] { Agent::get().hooks_pushed(); });
   m.def("backward_begin", [] { Agent::get().backward_begin(); });
   m.def("backward_end", [] { return Agent::get().backward_end(); });
+  m.def("optimizer_step_begin", [](bool differentiable) { Agent::get().optimizer_step_begin(differentiable); });
+  m.def("optimizer_step_end", [] { Agent::get().optimizer_step_end(); });
   m.def("finish", [] { Agent::get().finish(); });
   m.def("on_fork_child", [] { Agent::get().fork_child(); });
   m.def("phase", [] { return std::string(memplan::to_string(Agent::get().phase())); });

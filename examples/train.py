@@ -27,6 +27,10 @@ def parse():
     p.add_argument("--eval-every", type=int, default=0, help="a torch.no_grad() eval pass every N steps")
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around each GPT-2 block")
     p.add_argument("--torch-profiler", action="store_true", help="run step 1 under torch.profiler.profile()")
+    p.add_argument("--torch-profiler-step", type=int, default=-1,
+                   help="run this step under torch.profiler.profile() and print the op names it saw (stderr)")
+    p.add_argument("--optimizer-raises-at", type=int, default=-1,
+                   help="the optimizer step of this step raises (a pre-hook); the script goes on")
     p.add_argument("--log-grads", action="store_true",
                    help="keep a clone of every gradient after each step (grad mode on)")
     p.add_argument("--autocast", action="store_true", help="forward under torch.autocast (bfloat16)")
@@ -136,14 +140,23 @@ def main():
         for blk in inner.blocks:
             blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    current = {"step": 0}
+    if args.optimizer_raises_at >= 0:
+        def refuse(o, a, k):
+            if current["step"] == args.optimizer_raises_at:
+                raise RuntimeError("optimizer step refused")
+
+        opt.register_step_pre_hook(refuse)
     data = torch.utils.data.DataLoader(Loader(args.model, args.steps, args), batch_size=None,
                                        num_workers=args.workers)
     it = iter(data)
     record = {"loss": [], "grads": []}
     logged = []
     times = []
+    user_prof = None
     for step in range(args.steps):
         t0 = time.perf_counter()
+        current["step"] = step
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for micro in range(args.accum):
@@ -153,7 +166,7 @@ def main():
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                               profile_memory=True, record_shapes=True)
                 prof.__enter__()
-            elif args.torch_profiler and step == 1 and micro == 0:
+            elif (args.torch_profiler and step == 1 or step == args.torch_profiler_step) and micro == 0:
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.__enter__()
             x, y = x.to(args.device), y.to(args.device)
@@ -186,6 +199,8 @@ def main():
             loss.backward()
             if args.user_hooks:
                 print(f"step {step} user hooks: {user_packs[0]} packs, {user_packs[1]} unpacks")
+            if step == args.torch_profiler_step and prof is not None:
+                user_prof, prof = prof, None  # also around the optimizer step
             if prof is not None:
                 prof.__exit__(None, None, None)
                 if step == args.profile_step:
@@ -201,7 +216,16 @@ def main():
             # Drop this micro-step's tensors now rather than when the next one rebinds the names,
             # so each step's memory starts from the same state (what torch.profiler measures).
             del x, y, out, loss
-        opt.step()
+        try:
+            opt.step()
+        except RuntimeError as e:
+            if "optimizer step refused" not in str(e):
+                raise
+            print(f"step {step}: optimizer step refused", file=sys.stderr)
+        if user_prof is not None:
+            user_prof.__exit__(None, None, None)
+            print("USER_PROFILER_OPS " + json.dumps(sorted({e.name for e in user_prof.events()})), file=sys.stderr)
+            user_prof = None
         if args.log_grads:
             # A user's own logging, with grad mode on, between this backward and the next forward.
             logged.append([p.grad.clone() for p in model.parameters() if p.grad is not None])

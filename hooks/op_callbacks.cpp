@@ -13,6 +13,23 @@ at::CallbackHandle g_nodes = 0;
 bool g_ops_paused = false;
 thread_local int tl_depth = 0;       // nesting of autograd-level ops on this thread
 thread_local int tl_agent_scope = 0;
+thread_local bool tl_children_off = false;  // RecordFunction off for the current op's children
+thread_local bool tl_quiet = false;         // RecordFunction off for a quiet stretch
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn);
+
+// Whether every FUNCTION-scope observer active on this thread is ours. Then nothing else watches
+// the children of a top-level op (linear's t and addmm, dropout's bernoulli_, the kernels' own
+// empty/copy_), and they can skip RecordFunction altogether. Cost: one copy of the thread's
+// callback list (a small vector, usually one entry).
+bool only_ours() {
+  const auto cbs = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION);
+  if (!cbs) return true;
+  for (const auto& p : cbs->callbacks_) {
+    if (p.start_ != &on_start) return false;
+  }
+  return true;
+}
 
 // Hot path: called for every op while installed. A composite op (aten::linear) re-enters the
 // dispatcher for its children (aten::t, aten::addmm) with seqNr >= 0 too: only depth 0 is the op
@@ -27,7 +44,18 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   if (fn.seqNr() < 0) return nullptr;
-  if (tl_depth++ == 0) sink->op_start(fn);
+  if (tl_depth++ == 0) {
+    // The op's children are never recorded (depth > 0, or seqNr -1): with no other observer,
+    // turn RecordFunction off on this thread until the op ends, so they do not construct one or
+    // box their arguments. Measured on a dispatch-bound GPT-2 step (1,157 such children per
+    // step against 72 top-level ops): see on_end. A started RecordFunction keeps its callbacks,
+    // so this op's end still reaches on_end.
+    if (only_ours()) {
+      at::enableRecordFunction(false);
+      tl_children_off = true;
+    }
+    sink->op_start(fn);
+  }
   return nullptr;
 }
 
@@ -40,7 +68,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     return;
   }
   if (fn.seqNr() < 0) return;
-  if (tl_depth > 0 && --tl_depth == 0) sink->op_end(fn);
+  if (tl_depth > 0 && --tl_depth == 0) {
+    if (tl_children_off) {
+      at::enableRecordFunction(true);
+      tl_children_off = false;
+    }
+    sink->op_end(fn);
+  }
 }
 
 }  // namespace
@@ -73,6 +107,22 @@ void pause_forward_ops(bool paused) {
   else at::reenableCallback(g_ops);
   g_ops_paused = paused;
 }
+
+bool quiet_ops_begin() {
+  if (tl_quiet || g_ops == 0 || g_ops_paused || g_sink.load(std::memory_order_acquire) == nullptr) return false;
+  if (!at::isRecordFunctionEnabled() || !only_ours()) return false;
+  at::enableRecordFunction(false);
+  tl_quiet = true;
+  return true;
+}
+
+void quiet_ops_end() {
+  if (!tl_quiet) return;
+  at::enableRecordFunction(true);
+  tl_quiet = false;
+}
+
+bool quiet_ops_active() { return tl_quiet; }
 
 AgentScope::AgentScope() { ++tl_agent_scope; }
 AgentScope::~AgentScope() { --tl_agent_scope; }

@@ -31,6 +31,15 @@ void remove_op_callbacks();
 // (a mutex and a version bump), twice per step.
 void pause_forward_ops(bool paused);
 
+// Turns RecordFunction off on this thread for a stretch whose ops the agent never records (an
+// optimizer step: hundreds of no-grad ops that would otherwise each construct a RecordFunction
+// and box their arguments for our observer). Only while our callbacks are installed and are the
+// only observers (a user's torch.profiler keeps seeing everything). Returns whether it did;
+// quiet_ops_end() undoes it. Cost: one copy of the thread's callback list, one TLS write.
+bool quiet_ops_begin();
+void quiet_ops_end();
+bool quiet_ops_active();
+
 // Thread-local guard: while alive, this thread's ops are invisible to the sink (the agent's own
 // work: recompute, copies). Cost: one TLS increment.
 class AgentScope {

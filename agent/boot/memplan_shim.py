@@ -28,9 +28,13 @@ def install(torch, agent):
 
         return wrapped
 
+    optimizer_hooks = []
+
     def _drop_hooks():
         # The agent has nothing left to do (profile only, or a plan with no action): take our
         # saved-tensor hooks off so later steps run exactly as plain PyTorch, at no cost.
+        while optimizer_hooks:
+            optimizer_hooks.pop().remove()
         top = torch._C._autograd._top_saved_tensors_default_hooks(False)
         if top is not None and top[0] is pack:
             torch._C._autograd._pop_saved_tensors_default_hooks()
@@ -57,6 +61,17 @@ def install(torch, agent):
 
     functools.update_wrapper(disable_saved_tensors_hooks, real_disable)
     torch.autograd.graph.disable_saved_tensors_hooks = disable_saved_tensors_hooks
+
+    # An optimizer step records nothing (no grad mode): the agent turns RecordFunction off for it,
+    # so its hundreds of ops skip our observer (measured: ~5% of a dispatch-bound GPT-2 step).
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    except ImportError:  # older torch: the optimizer's ops are observed, as before
+        pass
+    else:
+        optimizer_hooks.append(register_optimizer_step_pre_hook(
+            lambda opt, args, kwargs: agent.optimizer_step_begin(bool(opt.defaults.get("differentiable", False)))))
+        optimizer_hooks.append(register_optimizer_step_post_hook(lambda opt, args, kwargs: agent.optimizer_step_end()))
 
     os.register_at_fork(after_in_child=agent.on_fork_child)
     atexit.register(agent.finish)

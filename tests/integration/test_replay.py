@@ -241,3 +241,36 @@ def test_actions_in_nvtx_and_trace(runner):
     assert any(e["name"].startswith("memplan/evict") for e in actions)
     assert any(e["name"].startswith("memplan/recompute") and e["ph"] == "X" for e in actions)
     assert any(e["name"].startswith("memplan/compact value") and e["ph"] == "X" for e in actions)
+
+
+def test_user_profiler_in_a_replayed_step_sees_every_op(runner):
+    # The agent turns RecordFunction off for the children of the ops it records (aten::linear's
+    # addmm...) and for optimizer steps only while it is their only observer: a user's
+    # torch.profiler in a replayed step sees every op it sees without memplan.
+    args = ["--model", "gpt2", "--steps", 6, "--torch-profiler-step", 4]
+    ops = lambda p: set(json.loads(next(l for l in p.stderr.splitlines()
+                                        if l.startswith("USER_PROFILER_OPS "))[len("USER_PROFILER_OPS "):]))
+    plain = runner.run([*args, "--dump", "plain.pt"])
+    p = runner.run([*args, "--dump", "agent.pt"], mode="launcher",
+                   env={"MEMPLAN_BUDGET": "50%", "MEMPLAN_REPORT": "report.json", "MEMPLAN_WARMUP": 2})
+    assert p.stdout == plain.stdout
+    assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
+    assert json.loads((runner.tmp / "report.json").read_text())["replay"][0]["evicted"] > 0
+    assert {"aten::linear", "aten::addmm", "aten::bernoulli_", "Optimizer.step#Adam.step", "aten::addcdiv_"} <= ops(plain)
+    assert ops(plain) <= ops(p)
+
+
+def test_optimizer_step_that_raises_costs_one_unplanned_step(runner, plain_runs):
+    # RecordFunction is off during an optimizer step; if the step raises (its post hook never
+    # runs) and the script goes on, the next step runs unplanned and the ones after are replayed.
+    extra = ["--optimizer-raises-at", "4"]
+    stdout, plain_dump = plain_runs("gpt2", extra)
+    p, report = replay(runner, "gpt2", "50%", extra)
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    assert p.stderr.count("an optimizer step raised") == 1
+    r = report["replay"][0]
+    assert r["steps"] == STEPS - 2 - 1
+    assert r["evicted"] > 0 and r["evicted"] % r["steps"] == 0
+    assert len(measured_peaks(report)) == r["steps"]
+    assert max(measured_peaks(report)) <= report["plan"]["budget_bytes"]

@@ -1,0 +1,115 @@
+// RecordFunction interposition (hooks/op_callbacks.h): the sink sees each top-level op once,
+// its children skip RecordFunction only while nobody else observes them, and a quiet stretch
+// (an optimizer step) hides its ops from the sink and from RecordFunction, never from another
+// observer.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "hooks/op_callbacks.h"
+
+namespace {
+
+struct CountingSink : memplan::OpSink {
+  std::vector<std::string> started, ended;
+  std::vector<bool> rf_enabled_inside;  // at::isRecordFunctionEnabled() seen in op_start
+  void op_start(const at::RecordFunction& fn) override {
+    started.emplace_back(fn.name());
+    rf_enabled_inside.push_back(at::isRecordFunctionEnabled());
+  }
+  void op_end(const at::RecordFunction& fn) override { ended.emplace_back(fn.name()); }
+  void node_start(const at::RecordFunction&) override {}
+  void node_end(const at::RecordFunction&) override {}
+};
+
+// Another observer (a user's profiler): counts every FUNCTION-scope op named `name`.
+std::atomic<int> g_other_seen{0};
+const char* g_other_name = "aten::addmm";
+at::CallbackHandle add_other_observer() {
+  g_other_seen = 0;
+  at::RecordFunctionCallback cb(
+      [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        if (std::strcmp(fn.name(), g_other_name) == 0) ++g_other_seen;
+        return nullptr;
+      },
+      nullptr);
+  cb.scopes({at::RecordScope::FUNCTION});
+  return at::addThreadLocalCallback(cb);
+}
+
+// aten::linear with a weight that requires grad: a top-level autograd op whose children
+// (aten::t, aten::addmm) also go through the dispatcher.
+at::Tensor run_linear() {
+  at::Tensor x, w, b;
+  {
+    memplan::AgentScope hidden;  // the inputs' factories are not the op under test
+    x = at::randn({4, 8});
+    w = at::randn({3, 8}).requires_grad_(true);
+    b = at::randn({3}).requires_grad_(true);
+  }
+  return at::linear(x, w, b);
+}
+
+class OpCallbacks : public ::testing::Test {
+ protected:
+  void SetUp() override { memplan::install_op_callbacks(&sink_, memplan::CallbackNeeds{true, true}); }
+  void TearDown() override {
+    memplan::quiet_ops_end();
+    memplan::remove_op_callbacks();
+    at::enableRecordFunction(true);
+  }
+  CountingSink sink_;
+};
+
+}  // namespace
+
+TEST_F(OpCallbacks, TopLevelOpOnceAndChildrenSkipRecordFunctionWhenAlone) {
+  run_linear();
+  ASSERT_EQ(sink_.started, std::vector<std::string>{"aten::linear"});
+  EXPECT_EQ(sink_.ended, std::vector<std::string>{"aten::linear"});
+  EXPECT_FALSE(sink_.rf_enabled_inside[0]);  // off for linear's children
+  EXPECT_TRUE(at::isRecordFunctionEnabled());  // and back on after it
+}
+
+TEST_F(OpCallbacks, AnotherObserverStillSeesTheChildren) {
+  const at::CallbackHandle other = add_other_observer();
+  run_linear();
+  at::removeCallback(other);
+  ASSERT_EQ(sink_.started, std::vector<std::string>{"aten::linear"});
+  EXPECT_TRUE(sink_.rf_enabled_inside[0]);
+  EXPECT_EQ(g_other_seen.load(), 1);  // linear's addmm
+}
+
+TEST_F(OpCallbacks, QuietStretchHidesOpsUntilItEnds) {
+  ASSERT_TRUE(memplan::quiet_ops_begin());
+  EXPECT_TRUE(memplan::quiet_ops_active());
+  EXPECT_FALSE(memplan::quiet_ops_begin());  // not nested
+  run_linear();
+  EXPECT_TRUE(sink_.started.empty());
+  memplan::quiet_ops_end();
+  EXPECT_FALSE(memplan::quiet_ops_active());
+  EXPECT_TRUE(at::isRecordFunctionEnabled());
+  run_linear();
+  EXPECT_EQ(sink_.started, std::vector<std::string>{"aten::linear"});
+}
+
+TEST_F(OpCallbacks, NoQuietStretchWhileAnotherObserverWatches) {
+  const at::CallbackHandle other = add_other_observer();
+  EXPECT_FALSE(memplan::quiet_ops_begin());
+  run_linear();
+  at::removeCallback(other);
+  EXPECT_EQ(sink_.started.size(), 1u);
+  EXPECT_EQ(g_other_seen.load(), 1);
+}
+
+TEST_F(OpCallbacks, NoQuietStretchWithoutOurCallbacks) {
+  memplan::remove_op_callbacks();
+  EXPECT_FALSE(memplan::quiet_ops_begin());
+  EXPECT_TRUE(at::isRecordFunctionEnabled());
+}
