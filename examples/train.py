@@ -166,7 +166,7 @@ def main():
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                               profile_memory=True, record_shapes=True)
                 prof.__enter__()
-            elif (args.torch_profiler and step == 1 or step == args.torch_profiler_step) and micro == 0:
+            elif ((args.torch_profiler and step == 1) or step == args.torch_profiler_step) and micro == 0:
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.__enter__()
             x, y = x.to(args.device), y.to(args.device)

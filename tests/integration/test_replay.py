@@ -247,15 +247,14 @@ def test_user_profiler_in_a_replayed_step_sees_every_op(runner):
     # The agent turns RecordFunction off for the children of the ops it records (aten::linear's
     # addmm...) and for optimizer steps only while it is their only observer: a user's
     # torch.profiler in a replayed step sees every op it sees without memplan.
-    args = ["--model", "gpt2", "--steps", 6, "--torch-profiler-step", 4]
+    extra = ["--torch-profiler-step", "4"]
     ops = lambda p: set(json.loads(next(l for l in p.stderr.splitlines()
                                         if l.startswith("USER_PROFILER_OPS "))[len("USER_PROFILER_OPS "):]))
-    plain = runner.run([*args, "--dump", "plain.pt"])
-    p = runner.run([*args, "--dump", "agent.pt"], mode="launcher",
-                   env={"MEMPLAN_BUDGET": "50%", "MEMPLAN_REPORT": "report.json", "MEMPLAN_WARMUP": 2})
+    plain = runner.run(["--model", "gpt2", "--steps", STEPS, "--dump", "plain.pt", *extra])
+    p, report = replay(runner, "gpt2", "50%", extra)
     assert p.stdout == plain.stdout
     assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
-    assert json.loads((runner.tmp / "report.json").read_text())["replay"][0]["evicted"] > 0
+    assert report["replay"][0]["evicted"] > 0
     assert {"aten::linear", "aten::addmm", "aten::bernoulli_", "Optimizer.step#Adam.step", "aten::addcdiv_"} <= ops(plain)
     assert ops(plain) <= ops(p)
 
