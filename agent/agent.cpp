@@ -134,6 +134,9 @@ void Agent::op_start(const at::RecordFunction& fn) {
     const bool cuda = first_tensor_on_cuda(fn) && cuda_memory().active();
     recorder_.set_memory(cuda ? &cuda_memory() : &cpu_memory());
     step_device_ = cuda ? "cuda" : "cpu";
+    // After the first replayed step (kept whole for the trace), replayed steps are recorded
+    // light: their record is read for its peak only. A debug log writes each one out whole.
+    recorder_.set_light(phase_ == Phase::Replay && replay_profile_ != nullptr && !log_enabled(LogLevel::Debug));
     recorder_.begin_step(steps_);
     timing_device_ = phase_ == Phase::Warmup && cuda && device_timer_.begin_step();
     if (replayer_) replayer_->begin_step();
@@ -141,7 +144,7 @@ void Agent::op_start(const at::RecordFunction& fn) {
   if (phase_ == Phase::Warmup) nvtx::range_push(fn.name());
   recorder_.op_start(fn);
   if (replayer_ && recorder_.current_op() >= 0) {
-    replayer_->op_start(fn, recorder_.current_op(), recorder_.current().forward[recorder_.current_op()]);
+    replayer_->op_start(fn, recorder_.current_op(), recorder_.current_random());
     // An op that saves nothing the plan evicts keeps its saved tensors with autograd, exactly as
     // without memplan: no Python pack/unpack call for them (measured: the hooks were ~4-5% of a
     // GPT-2 demo step). Only while our hooks are the innermost: a user's saved_tensors_hooks or
@@ -164,11 +167,11 @@ void Agent::op_end(const at::RecordFunction& fn) {
   OverheadTimer timer(&recorder_);
   const int64_t op = recorder_.current_op();
   if (timing_device_) device_timer_.op_end(forward_op_id(op));  // first thing
-  const size_t before = recorder_.current().forward.size();
+  const int64_t before = recorder_.op_count();
   recorder_.op_end(fn);
   if (replayer_) {
-    const bool dropped = recorder_.current().forward.size() < before;
-    replayer_->op_end(fn, op, dropped, dropped ? nullptr : &recorder_.current().forward[op]);
+    const bool dropped = recorder_.op_count() < before;
+    replayer_->op_end(fn, op, dropped, dropped ? 0 : recorder_.op_hash(op));
   }
   if (phase_ == Phase::Warmup) nvtx::range_pop();
 }
@@ -183,7 +186,7 @@ void Agent::node_start(const at::RecordFunction& fn) {
   if (timing_device_) device_timer_.op_begin(backward_op_id(node));
   if (replayer_) {
     try {
-      replayer_->node_start(node, recorder_.current().backward[node].name);
+      replayer_->node_start(node, recorder_.current_node_name());
     } catch (const std::exception& e) {
       // A planned rebuild failed: unpack will rebuild on demand (or report) for that tensor.
       log_once("planned-rebuild", LogLevel::Warn, std::string("planned recompute failed: ") + e.what());
@@ -343,6 +346,7 @@ bool Agent::backward_end() {
         }
         st.measured_peak.push_back(p.peak_bytes);
         st.measured_baseline.push_back(p.baseline_bytes);
+        st.callback_us.push_back(p.overhead_us);
         if (log_enabled(LogLevel::Debug)) {
           debug("replayed step {}: peak {} at {}", p.step, format_bytes(p.peak_bytes), peak_location(p));
           std::string error;
@@ -565,7 +569,8 @@ void Agent::write_report(const std::string& path) const {
                     {"ops_hooked", st.ops_hooked}, {"ops_unhooked", st.ops_unhooked},
                     {"compacted", st.compacted}, {"compact_refused", st.compact_refused},
                     {"expanded", st.expanded}, {"tail_reruns", st.tail_reruns},
-                    {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline}});
+                    {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline},
+                    {"callback_us", st.callback_us}});
   };
   for (const auto& r : replay_history_) add(*r);
   if (replayer_) add(*replayer_);
@@ -610,8 +615,9 @@ std::string Agent::replay_summary() const {
                      p.predicted_peak > 0 ? 100.0 * (static_cast<double>(med) / p.predicted_peak - 1.0) : 0.0));
   }
   if (!iteration_us_[2].empty()) {
-    line(fmt::format("replayed iterations: {:.2f} ms (median wall time, optimizer and data included)",
-                     median(iteration_us_[2]) / 1000));
+    line(fmt::format("replayed iterations: {:.2f} ms (median wall time, optimizer and data included), of which "
+                     "{:.3f} ms in the agent's callbacks (recording, replay, planned rebuilds)",
+                     median(iteration_us_[2]) / 1000, median(st.callback_us) / 1000));
   }
   line(fmt::format("saved tensors evicted {}, rebuilt {} ({} on demand), forward ops re-run {}, kept "
                    "(no recipe) {}, divergences {}",

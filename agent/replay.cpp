@@ -287,20 +287,20 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
   return src;  // None: the caller decides (an op's internal tensor)
 }
 
-void Replayer::check_divergence(int64_t op, const Op& recorded) {
+void Replayer::check_divergence(int64_t op, uint64_t hash, const char* name) {
   if (diverged_) return;
-  if (static_cast<size_t>(op) >= op_hashes_.size() || hash_op(recorded) != op_hashes_[op]) {
+  if (static_cast<size_t>(op) >= op_hashes_.size() || hash != op_hashes_[op]) {
     diverged_ = true;
     ++stats_.divergences;
     log_once("divergence", LogLevel::Info,
              fmt::format("step diverged from the profile at forward op {} ({}): evictions stop for "
                          "this step, evicted tensors are rebuilt on demand, and the next steps are "
                          "profiled again",
-                         op, recorded.name));
+                         op, name));
   }
 }
 
-void Replayer::op_start(const at::RecordFunction& fn, int64_t op, const Op& recorded) {
+void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
   if (static_cast<size_t>(op) >= recipes_.size()) {
     recipes_.resize(op + 1);
     slots_.resize(op + 1);
@@ -309,6 +309,10 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, const Op& reco
   Recipe& r = recipes_[op];
   r = Recipe();
   packs_in_op_ = 0;
+  // Only an op that provides an evicted value (or an input of one, transitively) can be re-run:
+  // the others get no recipe (no operator lookup, no argument copies, no RNG snapshot) and are
+  // not rebuildable, which only matters if the step leaves the profile (then every op is).
+  if (!hold_externals(op)) return;
   auto name = fn.operator_name();
   if (!name) return;
   r.op = c10::Dispatcher::singleton().findOp(*name);
@@ -352,7 +356,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, const Op& reco
       }
     }
   }
-  r.random = r.random || recorded.random;
+  r.random = r.random || random;
   if (r.random) {
     if (r.rng.empty()) {
       c10::Device dev(c10::kCPU);
@@ -400,7 +404,7 @@ bool Replayer::rebuildable(const TensorSource& src) const {
   return false;
 }
 
-void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, const Op* recorded) {
+void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash) {
   if (op < 0 || static_cast<size_t>(op) >= recipes_.size()) return;
   if (dropped) {
     recipes_[op] = Recipe();
@@ -439,8 +443,8 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, co
     outs.push_back(std::move(s));
   }
   // Checked here, not at the start: an op the recorder leaves out (no tensor output) is no step.
-  if (recorded != nullptr) check_divergence(op, *recorded);
-  if (recorded != nullptr && !diverged_) {
+  if (!dropped) check_divergence(op, hash, fn.name());
+  if (!dropped && !diverged_) {
     size_t k = 0;
     for (int64_t v : output_values_[op]) {
       if (v >= 0 && k < out_tensors.size()) value_slot_[v] = {op, static_cast<int64_t>(k)};
@@ -771,7 +775,7 @@ void Replayer::rebuild(SavedState& s, Memo& memo) {
   ++stats_.rebuilt;
 }
 
-void Replayer::node_start(int64_t node, const std::string& name) {
+void Replayer::node_start(int64_t node, const char* name) {
   if (diverged_ || !follow_nodes_) return;
   if (static_cast<size_t>(node) >= node_names_.size() || node_names_[node] != name) {
     follow_nodes_ = false;  // the backward took another order: rely on on-demand rebuilds

@@ -46,6 +46,9 @@ struct ReplayStats {
   int64_t tail_reruns = 0;      // dropout re-runs done as input x expanded mask (of ops_rerun)
   std::vector<int64_t> measured_peak;   // per replayed step, absolute allocated bytes
   std::vector<int64_t> measured_baseline;
+  // Per replayed step: time inside the agent's callbacks (record, replay, rebuilds), us. Not the
+  // dispatcher's cost of calling them (boxing the top-level op's arguments) nor Python's.
+  std::vector<double> callback_us;
 };
 
 class Replayer {
@@ -58,9 +61,9 @@ class Replayer {
 
   void begin_step();
   // A top-level forward op `op` (the recorder's index) starts / ends. `dropped` mirrors the
-  // recorder leaving out an op with no tensor output.
-  void op_start(const at::RecordFunction& fn, int64_t op, const Op& recorded);
-  void op_end(const at::RecordFunction& fn, int64_t op, bool dropped, const Op* recorded);
+  // recorder leaving out an op with no tensor output; `hash` is the op's identity (op_hash.h).
+  void op_start(const at::RecordFunction& fn, int64_t op, bool random);
+  void op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash);
   // A saved tensor packed during (or, for a custom Function, just after) forward op `op`.
   void on_pack(const std::shared_ptr<SavedState>& s, const at::Tensor& t, int64_t op);
   // Whether op `op`'s packs must come through our hooks: it saves a value the plan evicts (or the
@@ -68,7 +71,7 @@ class Replayer {
   // and cost no Python call.
   bool wants_packs(int64_t op) const;
   // Backward node `node` (the recorder's index) starts / ends.
-  void node_start(int64_t node, const std::string& name);
+  void node_start(int64_t node, const char* name);
   void node_end(int64_t node);
   // The tensor for an unpack: rebuilt first if it was evicted.
   at::Tensor materialize(SavedState& s);
@@ -123,7 +126,7 @@ class Replayer {
     std::vector<bool> will_run;  // per op: re-run planned
   };
 
-  void check_divergence(int64_t op, const Op& recorded);
+  void check_divergence(int64_t op, uint64_t hash, const char* name);
   int64_t planned_value(int64_t op, int64_t ordinal, const at::Tensor& t) const;
   TensorSource source_of(const at::Tensor& t, bool unknown_is_external);
   bool rebuildable(const TensorSource& src) const;
@@ -149,7 +152,8 @@ class Replayer {
   // Per fwd op, across steps: 0 the dropout tail is unchecked, 1 checked bit-identical to a full
   // re-run (used from then on), -1 it differed (never used).
   std::vector<int8_t> tail_state_;
-  // Per fwd op: a rebuild may re-run it, so it holds its inputs from before the step (ctor).
+  // Per fwd op: a rebuild may re-run it, so it gets a recipe and holds its inputs from before the
+  // step (ctor).
   std::vector<char> hold_externals_;
   bool hold_externals(int64_t op) const;
   std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;

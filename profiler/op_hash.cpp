@@ -9,11 +9,7 @@ std::string OpHasher::hex() const { return fmt::format("{:016x}", h_); }
 void OpHasher::add_op(const Op& op) {
   add(op.name.c_str());
   add(op.overload.c_str());
-  for (const TensorRef& t : op.inputs) {
-    add(t.dtype.c_str());
-    add(static_cast<int64_t>(t.shape.size()));
-    for (int64_t d : t.shape) add(d);
-  }
+  for (const TensorRef& t : op.inputs) add_input(t.dtype.c_str(), t.shape.data(), t.shape.size());
 }
 
 std::string hash_forward_ops(const std::vector<Op>& ops) {

@@ -23,6 +23,12 @@ class OpHasher {
   std::string hex() const;
   // One op: name, overload, then each input's dtype and shape.
   void add_op(const Op& op);
+  // One input of an op, as add_op feeds it (for hashing without building an Op).
+  void add_input(const char* dtype, const int64_t* shape, size_t ndim) {
+    add(dtype);
+    add(static_cast<int64_t>(ndim));
+    for (size_t i = 0; i < ndim; ++i) add(shape[i]);
+  }
 
  private:
   void byte(uint8_t b) {

@@ -24,6 +24,8 @@ double Recorder::now_us() const {
 }
 
 void Recorder::begin_step(int64_t step_index) {
+  light_ = light_next_;
+  light_ops_ = light_nodes_ = 0;
   profile_ = Profile();
   profile_.step = step_index;
   seq_begin_.clear();
@@ -100,14 +102,70 @@ bool Recorder::is_random(const at::RecordFunction& fn) {
   return random;
 }
 
+uint64_t Recorder::op_hash(int64_t op) const {
+  if (light_) return light_hash_;
+  OpHasher h;
+  h.add_op(profile_.forward.at(op));
+  return h.value();
+}
+
+// Cost: one pass over the inputs' shapes (FNV-1a, ~100-200 bytes per op), a cached name lookup;
+// no allocation.
+void Recorder::light_op_start(const at::RecordFunction& fn) {
+  OpHasher h;
+  h.add(fn.name());
+  h.add(fn.overload_name());
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    const auto sizes = t.sizes();
+    h.add_input(c10::toString(t.scalar_type()), sizes.data(), sizes.size());
+  };
+  // The same tensors, in the same order, as add_tensor_refs records for the full-mode Op.
+  for (const c10::IValue& iv : fn.inputs()) {
+    if (iv.isTensor()) {
+      add(iv.toTensor());
+    } else if (iv.isList()) {  // tensor lists too; an undefined tensor in a list is None there
+      for (const c10::IValue& e : iv.toListRef()) {
+        if (e.isTensor()) add(e.toTensor());
+      }
+    }
+  }
+  light_hash_ = h.value();
+  current_random_ = is_random(fn);
+  light_seq_begin_ = fn.seqNr();
+  current_op_ = light_ops_++;
+}
+
+void Recorder::light_op_end(const at::RecordFunction& fn) {
+  bool output = false;
+  for (const c10::IValue& iv : fn.outputs()) {
+    if (iv.isTensor()) {
+      output = output || iv.toTensor().defined();
+    } else if (iv.isList()) {
+      for (const c10::IValue& e : iv.toListRef()) output = output || (e.isTensor() && e.toTensor().defined());
+    }
+  }
+  // Left out as in op_end: no tensor output, no autograd node, nothing packed.
+  if (!output && at::sequence_number::peek() == light_seq_begin_ && packs_in_op_ == 0) {
+    --light_ops_;
+    if (light_ops_ == 0) in_step_ = false;
+  }
+  current_op_ = -1;
+  packs_in_op_ = 0;
+}
+
 void Recorder::op_start(const at::RecordFunction& fn) {
+  if (light_) {
+    light_op_start(fn);
+    return;
+  }
   const int64_t idx = static_cast<int64_t>(profile_.forward.size());
   Op& op = profile_.forward.emplace_back();
   op.name = fn.name();
   op.overload = fn.overload_name();
   op.seq_nr = fn.seqNr();
   op.thread = fn.threadId();
-  op.random = is_random(fn);
+  op.random = current_random_ = is_random(fn);
   for (const c10::IValue& iv : fn.inputs()) add_tensor_refs(iv, &op.inputs, -1);
   for (const TensorRef& r : op.inputs) {
     if (r.value >= 0) push_unique(&profile_.values[r.value].consumers, idx);
@@ -121,6 +179,10 @@ void Recorder::op_start(const at::RecordFunction& fn) {
 }
 
 void Recorder::op_end(const at::RecordFunction& fn) {
+  if (light_) {
+    light_op_end(fn);
+    return;
+  }
   const double end = now_us();
   const int64_t idx = current_op_;
   if (idx < 0) return;
@@ -167,6 +229,10 @@ void Recorder::op_end(const at::RecordFunction& fn) {
 int64_t Recorder::on_pack(const at::Tensor& t) {
   // pack runs inside the op's autograd kernel; a pack outside any recorded op (a custom
   // autograd.Function saving at the end of apply) belongs to the op just finished.
+  if (light_) {  // no value numbering: the replayer names packs by (op, ordinal)
+    ++packs_in_op_;
+    return -1;
+  }
   const int64_t op = pack_owner();
   const int64_t id = value_of(t, op);
   if (id < 0) return -1;
@@ -191,6 +257,7 @@ void Recorder::begin_backward() {
   in_backward_ = true;
   backward_t0_us_ = now_us();
   profile_.forward_us = backward_t0_us_;
+  if (light_) return;
   // Whatever still holds a saved storage besides the handles autograd owns makes evicting it
   // useless: count references now, at the end of forward. Each pack handle owns one TensorImpl
   // of that storage (its tensor_data alias).
@@ -214,6 +281,11 @@ int64_t Recorder::refs_beyond_packs(int64_t v) const {
 void Recorder::node_start(const at::RecordFunction& fn) {
   const char* name = fn.name();
   if (std::strncmp(name, kEnginePrefix, std::strlen(kEnginePrefix)) == 0) return;
+  current_node_name_ = name;
+  if (light_) {
+    current_node_ = light_nodes_++;
+    return;
+  }
   const int64_t idx = static_cast<int64_t>(profile_.backward.size());
   Op& n = profile_.backward.emplace_back();
   n.name = name;
@@ -228,7 +300,7 @@ void Recorder::node_start(const at::RecordFunction& fn) {
 void Recorder::node_end(const at::RecordFunction& fn) {
   const char* name = fn.name();
   if (std::strncmp(name, kEnginePrefix, std::strlen(kEnginePrefix)) == 0) return;
-  if (current_node_ < 0) return;
+  if (current_node_ < 0 || light_) return;
   const double end = now_us();
   Op& n = profile_.backward[current_node_];
   n.time_us = n.cpu_us = end - n.start_us;
@@ -259,7 +331,7 @@ Profile Recorder::end_step() {
       if (seq_end_[j] <= n.seq_nr) break;
     }
   }
-  profile_.op_hash = hash_forward_ops(profile_.forward);
+  if (!light_) profile_.op_hash = hash_forward_ops(profile_.forward);
   in_step_ = false;
   in_backward_ = false;
   pack_counts_.clear();

@@ -24,6 +24,13 @@ class Recorder {
   explicit Recorder(MemoryCounter* memory) : memory_(memory) {}
 
   void set_memory(MemoryCounter* memory) { memory_ = memory; }
+  // Light recording, for replayed steps whose record nobody reads op by op (the first replayed
+  // step is kept for the trace, later ones only for their peak): ops and nodes are counted, not
+  // stored; no strings, shapes, values or per-op memory. What replay needs stays: each op's
+  // index, its identity hash (op_hash), whether it is random, which ops are left out (no tensor
+  // output), the node index and name, the step's peak and timings. Takes effect at begin_step.
+  void set_light(bool light) { light_next_ = light; }
+  bool light() const { return light_; }
   // Starts a new step record (called lazily at the first forward op of a step).
   void begin_step(int64_t step_index);
   bool in_step() const { return in_step_; }
@@ -35,10 +42,19 @@ class Recorder {
   // The op a pack now belongs to: the running op, else the one just finished (a custom
   // autograd.Function saves after its last op); -1 before the step's first op.
   int64_t pack_owner() const {
-    return current_op_ >= 0 ? current_op_ : static_cast<int64_t>(profile_.forward.size()) - 1;
+    return current_op_ >= 0 ? current_op_ : op_count() - 1;
   }
+  // The step's record. In light mode, forward and backward stay empty.
   const Profile& current() const { return profile_; }
   int64_t current_node() const { return current_node_; }
+  // Forward ops recorded so far this step (both modes).
+  int64_t op_count() const { return light_ ? light_ops_ : static_cast<int64_t>(profile_.forward.size()); }
+  // The running op is random (draws from a generator, or named dropout).
+  bool current_random() const { return current_random_; }
+  // Identity hash of op `op`, which has ended and was kept (hash_op of its Op in full mode).
+  uint64_t op_hash(int64_t op) const;
+  // Name of the running backward node (valid until the next node starts).
+  const char* current_node_name() const { return current_node_name_; }
 
   // A tensor autograd saves for backward, during the current forward op. Returns its value id.
   int64_t on_pack(const at::Tensor& t);
@@ -66,9 +82,17 @@ class Recorder {
   int64_t value_of(const at::Tensor& t, int64_t producer);
   void add_tensor_refs(const c10::IValue& v, std::vector<TensorRef>* refs, int64_t producer);
   bool is_random(const at::RecordFunction& fn);
+  void light_op_start(const at::RecordFunction& fn);
+  void light_op_end(const at::RecordFunction& fn);
 
   MemoryCounter* memory_;
   bool in_step_ = false;
+  bool light_ = false, light_next_ = false;
+  int64_t light_ops_ = 0, light_nodes_ = 0;  // light mode: ops and nodes so far
+  uint64_t light_hash_ = 0;                  // light mode: hash of the running / last op
+  int64_t light_seq_begin_ = 0;              // light mode: the running op's first sequence number
+  bool current_random_ = false;
+  const char* current_node_name_ = "";
   bool in_backward_ = false;
   Profile profile_;
   std::vector<int64_t> seq_begin_;  // per forward op: sequence numbers [begin, end) it created
