@@ -15,6 +15,7 @@
 
 #include "agent/log.h"
 #include "agent/options.h"
+#include "agent/pack_hooks.h"
 #include "planner/budget.h"
 #include "planner/plan_io.h"
 #include "planner/planner.h"
@@ -247,26 +248,13 @@ at::Tensor Agent::unpack(const Saved& h) {
   return s.tensor;
 }
 
-namespace {
-// The pack hook on top of this thread's default saved-tensor hooks, or null. Reads the pointer
-// only: no reference count changes, no GIL needed.
-const void* top_pack_hook() {
-  const auto& tls = at::SavedTensorDefaultHooks::get_tls_state();
-  if (tls.stack.empty()) return nullptr;
-  const c10::SafePyObject& pack = tls.stack.top().first;
-  return pack.ptr(&pack.pyinterpreter());
-}
-}  // namespace
-
-void Agent::hooks_pushed() {
-  if (const void* top = top_pack_hook()) our_pack_ = top;
-}
+void Agent::hooks_pushed() { pack_hooks::remember(); }
 
 // Cost: a TLS read and a pointer compare.
 bool Agent::our_hooks_on_top() const {
   const auto& tls = at::SavedTensorDefaultHooks::get_tls_state();
-  if (our_pack_ == nullptr || tls.is_tracing || tls.disabled_error_message) return false;
-  return top_pack_hook() == our_pack_;
+  if (tls.is_tracing || tls.disabled_error_message) return false;
+  return pack_hooks::on_top();
 }
 
 void Agent::restore_pack_hooks() {
@@ -347,6 +335,7 @@ bool Agent::backward_end() {
         st.measured_peak.push_back(p.peak_bytes);
         st.measured_baseline.push_back(p.baseline_bytes);
         st.callback_us.push_back(p.overhead_us);
+        if (recorder_.light()) ++st.light_steps;
         if (log_enabled(LogLevel::Debug)) {
           debug("replayed step {}: peak {} at {}", p.step, format_bytes(p.peak_bytes), peak_location(p));
           std::string error;
@@ -570,7 +559,7 @@ void Agent::write_report(const std::string& path) const {
                     {"compacted", st.compacted}, {"compact_refused", st.compact_refused},
                     {"expanded", st.expanded}, {"tail_reruns", st.tail_reruns},
                     {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline},
-                    {"callback_us", st.callback_us}});
+                    {"callback_us", st.callback_us}, {"light_steps", st.light_steps}});
   };
   for (const auto& r : replay_history_) add(*r);
   if (replayer_) add(*replayer_);

@@ -98,7 +98,6 @@ class Agent final : public OpSink {
   std::chrono::steady_clock::time_point last_backward_end_;
   std::vector<double> iteration_us_[3];  // iterations that recorded, ran plainly, replayed
   std::unique_ptr<Profile> replay_profile_;  // the first replayed step, for the trace
-  const void* our_pack_ = nullptr;  // our pack hook as stored on the default-hooks stack
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;
   bool our_hooks_on_top() const;

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "agent/log.h"
+#include "agent/pack_hooks.h"
 #include "hooks/op_callbacks.h"
 #include "profiler/nvtx_ranges.h"
 #include "profiler/op_hash.h"
@@ -81,19 +82,6 @@ class RerunState {
   at::ScalarType cpu_dt_, cuda_dt_;
   bool cache_;
   std::vector<std::pair<at::Generator, at::Tensor>> saved_rng_;
-};
-
-// A re-run must pack through our hooks (that is how internal tensors are recovered), also when
-// it happens inside an op whose own packs bypass them (Agent::op_start).
-class HooksOn {
- public:
-  HooksOn() : prev_(at::SavedTensorDefaultHooks::set_tracing(false)) {}
-  ~HooksOn() { at::SavedTensorDefaultHooks::set_tracing(prev_); }
-  HooksOn(const HooksOn&) = delete;
-  HooksOn& operator=(const HooksOn&) = delete;
-
- private:
-  bool prev_;
 };
 
 }  // namespace
@@ -723,7 +711,10 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
   std::vector<at::Tensor> packs;
   {
     AgentScope scope;  // our callbacks ignore the re-run
-    HooksOn hooks;
+    // A re-run must pack through our hooks (that is how internal tensors are recovered), also
+    // inside an op whose own packs bypass them (Agent::op_start) and during backward, when the
+    // shim has taken them off the stack.
+    pack_hooks::OnTop hooks;
     RerunState state(r.rng, r.autocast_cpu, r.autocast_cpu_dtype, r.autocast_cuda, r.autocast_cuda_dtype);
     std::vector<at::Tensor>* outer = tl_capture;
     tl_capture = &packs;
@@ -785,6 +776,7 @@ void Replayer::node_start(int64_t node, const char* name) {
   }
   auto it = recompute_before_.find(node);
   if (it == recompute_before_.end()) return;
+  AgentScope scope;  // the ops a rebuild runs (views, re-runs) are ours, never the step's
   ActionSpan span(this, fmt::format("memplan/recompute before node {}", node));
   Memo memo;
   // Count every planned use first, so each intermediate goes at its last use.
@@ -835,6 +827,8 @@ void Replayer::node_end(int64_t node) {
 
 at::Tensor Replayer::materialize(SavedState& s) {
   if (!s.evicted) return s.tensor;
+  // Also outside backward (a script reading grad_fn._saved_* in forward): these ops are ours.
+  AgentScope scope;
   if (s.compact) {  // each unpack gets its own copy, freed when the node is done with it
     ++stats_.expanded;
     return expand_mask(s.mask);
@@ -849,8 +843,10 @@ at::Tensor Replayer::materialize(SavedState& s) {
 }
 
 void Replayer::end_step() {
-  // A graph kept with retain_graph may still unpack later: put every evicted tensor back while
-  // the recipes exist.
+  // A graph kept with retain_graph (or one whose backward raised part-way) may still unpack
+  // later: put every evicted tensor back while the recipes exist. Backward is over, so without
+  // the scope the ops this runs would start the next step and clear the state being read here.
+  AgentScope scope;
   for (auto& [v, list] : handles_) {
     for (auto& w : list) {
       auto s = w.lock();

@@ -49,6 +49,7 @@ struct ReplayStats {
   // Per replayed step: time inside the agent's callbacks (record, replay, rebuilds), us. Not the
   // dispatcher's cost of calling them (boxing the top-level op's arguments) nor Python's.
   std::vector<double> callback_us;
+  int64_t light_steps = 0;  // replayed steps recorded light (Recorder::set_light)
 };
 
 class Replayer {

@@ -31,6 +31,9 @@ def parse():
                    help="run this step under torch.profiler.profile() and print the op names it saw (stderr)")
     p.add_argument("--optimizer-raises-at", type=int, default=-1,
                    help="the optimizer step of this step raises (a pre-hook); the script goes on")
+    p.add_argument("--backward-raises-at", type=int, default=-1,
+                   help="the backward of this step raises before reaching the model (a hook on its "
+                        "output); the script goes on to the next step")
     p.add_argument("--log-grads", action="store_true",
                    help="keep a clone of every gradient after each step (grad mode on)")
     p.add_argument("--autocast", action="store_true", help="forward under torch.autocast (bfloat16)")
@@ -196,7 +199,17 @@ def main():
                 loss = loss + h.mean()
             if step == args.saved_bytes_step and micro == 0:
                 print(f"SAVED_BYTES {saved_bytes(loss)}")
-            loss.backward()
+            if step == args.backward_raises_at and micro == 0:
+                def refuse_backward(g):
+                    raise RuntimeError("backward refused")
+
+                (out[0] if isinstance(out, tuple) else out).register_hook(refuse_backward)
+            try:
+                loss.backward()
+            except RuntimeError as e:
+                if "backward refused" not in str(e):
+                    raise
+                print(f"step {step}: backward refused", file=sys.stderr)
             if args.user_hooks:
                 print(f"step {step} user hooks: {user_packs[0]} packs, {user_packs[1]} unpacks")
             if step == args.torch_profiler_step and prof is not None:

@@ -16,13 +16,27 @@ def install(torch, agent):
     torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
     agent.hooks_pushed()
 
+    def _ours_on_top():
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        return top is not None and top[0] is pack
+
     def _boundary(fn):
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
             agent.backward_begin()
+            # Our hooks step aside while backward runs: the engine copies the thread's hooks stack
+            # into every node it runs, and each copy of a Python hook takes the GIL, which backward
+            # released (4 round trips per node). What backward itself saves is not the agent's
+            # business; tensors saved in forward keep their unpack hook, and a rebuild puts our
+            # hooks back for its re-runs (agent/pack_hooks.h).
+            stepped = _ours_on_top()
+            if stepped:
+                torch._C._autograd._pop_saved_tensors_default_hooks()
             try:
                 return fn(*args, **kwargs)
             finally:
+                if stepped:
+                    torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
                 if not agent.backward_end():
                     _drop_hooks()
 
@@ -35,8 +49,7 @@ def install(torch, agent):
         # saved-tensor hooks off so later steps run exactly as plain PyTorch, at no cost.
         while optimizer_hooks:
             optimizer_hooks.pop().remove()
-        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-        if top is not None and top[0] is pack:
+        if _ours_on_top():
             torch._C._autograd._pop_saved_tensors_default_hooks()
 
     torch.autograd.backward = _boundary(torch.autograd.backward)
@@ -48,8 +61,7 @@ def install(torch, agent):
 
     @contextlib.contextmanager
     def disable_saved_tensors_hooks(error_message):
-        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-        stepped = top is not None and top[0] is pack
+        stepped = _ours_on_top()
         if stepped:
             torch._C._autograd._pop_saved_tensors_default_hooks()
         try:

@@ -86,6 +86,10 @@ def test_gpt2_budget_actually_lowers_the_peak(runner, plain_runs):
     assert max(measured_peaks(report)) - plan["baseline_bytes"] <= 0.5 * act * 1.001
     assert sum(r["evicted"] for r in report["replay"]) > 0
     assert sum(r["on_demand"] for r in report["replay"]) == 0
+    # The first replayed step is recorded whole (for the trace), the others light; each says how
+    # long the agent's callbacks took in it.
+    assert [r["light_steps"] for r in report["replay"]] == [r["steps"] - 1 for r in report["replay"]]
+    assert all(len(r["callback_us"]) == r["steps"] and min(r["callback_us"]) > 0 for r in report["replay"])
     # Ops that save nothing the plan evicts keep their saved tensors with autograd (no Python hook
     # call); the peak above shows the evicted ones still went through ours.
     assert all(r["ops_unhooked"] > r["ops_hooked"] > 0 for r in report["replay"])
@@ -273,3 +277,21 @@ def test_optimizer_step_that_raises_costs_one_unplanned_step(runner, plain_runs)
     assert r["evicted"] > 0 and r["evicted"] % r["steps"] == 0
     assert len(measured_peaks(report)) == r["steps"]
     assert max(measured_peaks(report)) <= report["plan"]["budget_bytes"]
+
+
+def test_backward_that_raises_leaves_the_next_steps_replayed(runner, plain_runs):
+    # The backward of step 4 raises before any model node runs (a hook on the output), with every
+    # planned eviction done and nothing rebuilt yet; the script catches it and goes on. The step's
+    # end puts the evicted tensors back (the graph could be run again) without the agent taking
+    # that work for the next step's ops, and the following steps are replayed as planned.
+    extra = ["--backward-raises-at", "4"]
+    stdout, plain_dump = plain_runs("gpt2", extra)
+    p, report = replay(runner, "gpt2", "50%", extra)
+    assert p.stdout == stdout
+    assert "step 4: backward refused" in p.stderr
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    r = report["replay"][0]
+    assert len(report["replay"]) == 1 and r["divergences"] == 0
+    assert r["steps"] == STEPS - 2
+    assert r["evicted"] > 0 and r["evicted"] % r["steps"] == 0
+    assert r["rebuilt"] == r["evicted"]
