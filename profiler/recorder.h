@@ -51,7 +51,8 @@ class Recorder {
   int64_t op_count() const { return light_ ? light_ops_ : static_cast<int64_t>(profile_.forward.size()); }
   // The running op is random (draws from a generator, or named dropout).
   bool current_random() const { return current_random_; }
-  // Identity hash of op `op`, which has ended and was kept (hash_op of its Op in full mode).
+  // Identity hash of op `op`, which has just ended and was kept: OpHasher::add_op of its Op in
+  // full mode; in light mode the same value, fed from the RecordFunction (only the last op's).
   uint64_t op_hash(int64_t op) const;
   // Name of the running backward node (valid until the next node starts).
   const char* current_node_name() const { return current_node_name_; }
