@@ -34,6 +34,8 @@ def parse():
     p.add_argument("--backward-raises-at", type=int, default=-1,
                    help="the backward of this step raises before reaching the model (a hook on its "
                         "output); the script goes on to the next step")
+    p.add_argument("--backward-in-user-hooks", action="store_true",
+                   help="call backward inside the script's own saved_tensors_hooks (pass-through)")
     p.add_argument("--log-grads", action="store_true",
                    help="keep a clone of every gradient after each step (grad mode on)")
     p.add_argument("--autocast", action="store_true", help="forward under torch.autocast (bfloat16)")
@@ -205,7 +207,9 @@ def main():
 
                 (out[0] if isinstance(out, tuple) else out).register_hook(refuse_backward)
             try:
-                loss.backward()
+                with (torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+                      if args.backward_in_user_hooks else contextlib.nullcontext()):
+                    loss.backward()
             except RuntimeError as e:
                 if "backward refused" not in str(e):
                     raise

@@ -295,3 +295,18 @@ def test_backward_that_raises_leaves_the_next_steps_replayed(runner, plain_runs)
     assert r["steps"] == STEPS - 2
     assert r["evicted"] > 0 and r["evicted"] % r["steps"] == 0
     assert r["rebuilt"] == r["evicted"]
+
+
+def test_rebuilds_inside_backward_under_the_scripts_own_hooks(runner, plain_runs):
+    # The script calls backward inside its own saved_tensors_hooks, so ours are not on top while
+    # backward runs. A rebuild's re-runs must still pack through ours (that is how layer_norm's
+    # mean/rstd are recovered): they are pushed on top for the re-run, then taken off again.
+    extra = ["--backward-in-user-hooks"]
+    stdout, plain_dump = plain_runs("gpt2", extra)
+    p, report = replay(runner, "gpt2", "50%", extra)
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    r = report["replay"][0]
+    assert len(report["replay"]) == 1 and r["divergences"] == 0 and r["steps"] == STEPS - 2
+    assert r["evicted"] > 0 and r["rebuilt"] == r["evicted"] and r["on_demand"] == 0
+    assert "recompute failed" not in p.stderr
