@@ -139,6 +139,8 @@ void Agent::op_start(const at::RecordFunction& fn) {
     // light: their record is read for its peak only. A debug log writes each one out whole.
     recorder_.set_light(phase_ == Phase::Replay && replay_profile_ != nullptr && !log_enabled(LogLevel::Debug));
     recorder_.begin_step(steps_);
+    // A light replayed step needs no node callbacks when the plan's actions hang on the nodes.
+    pause_backward_nodes(recorder_.light() && replayer_ && !replayer_->needs_node_callbacks());
     timing_device_ = phase_ == Phase::Warmup && cuda && device_timer_.begin_step();
     if (replayer_) replayer_->begin_step();
   }
@@ -311,6 +313,7 @@ bool Agent::backward_end() {
   last_backward_end_ = now;
   if (recording() && recorder_.in_step()) {
     Profile p = recorder_.end_step();
+    if (replayer_) p.overhead_us += static_cast<double>(replayer_->take_hook_ns()) / 1000.0;
     if (timing_device_) {
       timing_device_ = false;
       std::vector<double> fc, fe, bc, be;
@@ -559,7 +562,8 @@ void Agent::write_report(const std::string& path) const {
                     {"compacted", st.compacted}, {"compact_refused", st.compact_refused},
                     {"expanded", st.expanded}, {"tail_reruns", st.tail_reruns},
                     {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline},
-                    {"callback_us", st.callback_us}, {"light_steps", st.light_steps}});
+                    {"callback_us", st.callback_us}, {"light_steps", st.light_steps},
+                    {"node_hooks", st.node_hooks}});
   };
   for (const auto& r : replay_history_) add(*r);
   if (replayer_) add(*replayer_);

@@ -6,9 +6,13 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/SavedTensorHooks.h>
+#include <ATen/SequenceNumber.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "agent/log.h"
@@ -86,6 +90,69 @@ class RerunState {
 
 }  // namespace
 
+namespace {
+// Runs a planned recompute just before its autograd Node (Replayer::node_hook). Cost when the
+// node runs: one call; the gradients pass through untouched.
+class PlannedNodeHook final : public torch::autograd::FunctionPreHook {
+ public:
+  PlannedNodeHook(Replayer* r, int64_t node, uint64_t generation) : r_(r), node_(node), generation_(generation) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    r_->node_hook(node_, generation_);
+    return grads;
+  }
+  // Compiled autograd traces hooks; this one has nothing to trace (unpack still rebuilds).
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs&) const override {}
+
+ private:
+  Replayer* r_;  // replayers are kept for the process's life (Agent::replay_history_)
+  int64_t node_;
+  uint64_t generation_;
+};
+}  // namespace
+
+// The nodes op `op` created have sequence numbers [its first, the next op's first); those that
+// backward reaches hang off its outputs' grad_fns, through next_edges within that range.
+void Replayer::attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outputs) {
+  const int64_t begin = op < static_cast<int64_t>(seq_begin_.size()) ? seq_begin_[op] : -1;
+  const int64_t end = at::sequence_number::peek();
+  if (begin < 0) return;
+  auto in_range = [&](const torch::autograd::Node* n) {
+    const auto seq = static_cast<int64_t>(n->sequence_nr());
+    return seq >= begin && seq < end;
+  };
+  std::vector<torch::autograd::Node*> work, seen;
+  auto visit = [&](torch::autograd::Node* n) {
+    if (n == nullptr || !in_range(n) || std::find(seen.begin(), seen.end(), n) != seen.end()) return;
+    seen.push_back(n);
+    work.push_back(n);
+  };
+  for (const at::Tensor& t : outputs) {
+    if (t.defined()) visit(t.grad_fn().get());
+  }
+  std::vector<char> done(node_actions_[op].size(), 0);
+  while (!work.empty()) {
+    torch::autograd::Node* n = work.back();
+    work.pop_back();
+    const auto seq = static_cast<int64_t>(n->sequence_nr());
+    for (size_t i = 0; i < done.size(); ++i) {
+      const NodeAction& a = node_actions_[op][i];
+      if (!done[i] && begin + a.seq_offset == seq && n->name() == a.name) {
+        n->add_pre_hook(std::make_unique<PlannedNodeHook>(this, a.node, generation_));
+        done[i] = 1;
+      }
+    }
+    for (const torch::autograd::Edge& e : n->next_edges()) visit(e.function.get());
+  }
+  for (size_t i = 0; i < done.size(); ++i) {
+    if (!done[i]) {
+      log_once("node-hook", LogLevel::Info,
+               fmt::format("backward node {} ({}) of forward op {} not found in the graph: its planned recompute "
+                           "is left to on-demand rebuilds",
+                           node_actions_[op][i].node, node_actions_[op][i].name, op));
+    }
+  }
+}
+
 std::vector<at::Tensor>* Replayer::capture() { return tl_capture; }
 
 Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move(plan)) {
@@ -144,6 +211,28 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
   }
   for (const auto& r : plan_.recomputes) recompute_before_[r.before_bwd] = &r;
   for (const auto& r : plan_.releases) release_after_[r.after_bwd].push_back(r.value);
+  // Where each planned recompute runs: a pre-hook on the autograd Node it must precede, found
+  // when the forward op that creates the node ends (its sequence number relative to the op's, and
+  // its name). Releases are at recompute nodes (plan_builder): the same hook does them. A node
+  // with no creating op, or a release elsewhere (a hand-made plan), is driven by the backward
+  // node callbacks instead, which then stay on.
+  const int64_t nb = static_cast<int64_t>(profile.backward.size());
+  via_callback_.assign(nb, 0);
+  node_actions_.resize(n);
+  for (const auto& [node, r] : recompute_before_) {
+    if (node < 0 || node >= nb) continue;
+    const Op& b = profile.backward[node];
+    const int64_t j = b.fwd_op;
+    if (j < 0 || static_cast<size_t>(j) >= n || b.seq_nr < 0 || profile.forward[j].seq_nr < 0) {
+      via_callback_[node] = 1;
+      continue;
+    }
+    node_actions_[j].push_back({node, b.seq_nr - profile.forward[j].seq_nr, b.name});
+  }
+  for (const auto& [node, values] : release_after_) {
+    if (node >= 0 && node < nb && !recompute_before_.count(node)) via_callback_[node] = 1;
+  }
+  for (char c : via_callback_) needs_node_callbacks_ = needs_node_callbacks_ || c;
   // Values by position, from the profile: the k-th output / k-th pack of op i. The planned step
   // runs the same ops (checked op by op), so these name the same storages without relying on the
   // recorder's running numbering, which skipped packs would shift.
@@ -211,6 +300,7 @@ Replayer::ActionSpan::~ActionSpan() {
 }
 
 void Replayer::begin_step() {
+  ++generation_;
   t0_ = std::chrono::steady_clock::now();
   diverged_ = false;
   follow_nodes_ = true;
@@ -297,6 +387,8 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
   Recipe& r = recipes_[op];
   r = Recipe();
   packs_in_op_ = 0;
+  if (static_cast<size_t>(op) >= seq_begin_.size()) seq_begin_.resize(op + 1, -1);
+  seq_begin_[op] = fn.seqNr();
   // Only an op that provides an evicted value (or an input of one, transitively) can be re-run:
   // the others get no recipe (no operator lookup, no argument copies, no RNG snapshot) and are
   // not rebuildable, which only matters if the step leaves the profile (then every op is).
@@ -432,6 +524,9 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, ui
   }
   // Checked here, not at the start: an op the recorder leaves out (no tensor output) is no step.
   if (!dropped) check_divergence(op, hash, fn.name());
+  if (!dropped && !diverged_ && static_cast<size_t>(op) < node_actions_.size() && !node_actions_[op].empty()) {
+    attach_node_hooks(op, out_tensors);
+  }
   if (!dropped && !diverged_) {
     size_t k = 0;
     for (int64_t v : output_values_[op]) {
@@ -774,6 +869,38 @@ void Replayer::node_start(int64_t node, const char* name) {
              fmt::format("backward node {} ({}) differs from the profile; planned recomputes off", node, name));
     return;
   }
+  if (via_callback_[node]) run_recompute(node);
+}
+
+void Replayer::node_end(int64_t node) {
+  if (diverged_ || !follow_nodes_ || static_cast<size_t>(node) >= via_callback_.size() || !via_callback_[node]) return;
+  run_releases(node);
+}
+
+void Replayer::node_hook(int64_t node, uint64_t generation) {
+  if (generation != generation_ || diverged_) return;  // a graph kept from an earlier step
+  const auto t0 = std::chrono::steady_clock::now();
+  ++stats_.node_hooks;
+  try {
+    run_recompute(node);
+  } catch (const std::exception& e) {
+    // Unpack rebuilds on demand (or reports) for the tensors this did not put back.
+    log_once("planned-rebuild", LogLevel::Warn, std::string("planned recompute failed: ") + e.what());
+  }
+  // The node's releases are of holds only recomputes read, the last of them this one: free them
+  // now rather than after the node (no post hook: it would keep the node's incoming gradients
+  // alive through the node, memory no plan counts).
+  run_releases(node);
+  hook_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t Replayer::take_hook_ns() {
+  const int64_t ns = hook_ns_;
+  hook_ns_ = 0;
+  return ns;
+}
+
+void Replayer::run_recompute(int64_t node) {
   auto it = recompute_before_.find(node);
   if (it == recompute_before_.end()) return;
   AgentScope scope;  // the ops a rebuild runs (views, re-runs) are ours, never the step's
@@ -815,7 +942,8 @@ void Replayer::node_start(int64_t node, const char* name) {
   }
 }
 
-void Replayer::node_end(int64_t node) {
+
+void Replayer::run_releases(int64_t node) {
   auto it = release_after_.find(node);
   if (it == release_after_.end()) return;
   for (int64_t v : it->second) {

@@ -50,6 +50,7 @@ struct ReplayStats {
   // dispatcher's cost of calling them (boxing the top-level op's arguments) nor Python's.
   std::vector<double> callback_us;
   int64_t light_steps = 0;  // replayed steps recorded light (Recorder::set_light)
+  int64_t node_hooks = 0;   // planned recomputes started from a hook on their autograd Node
 };
 
 class Replayer {
@@ -71,9 +72,17 @@ class Replayer {
   // step has left the profile). The others' saved tensors stay with autograd, as without memplan,
   // and cost no Python call.
   bool wants_packs(int64_t op) const;
-  // Backward node `node` (the recorder's index) starts / ends.
+  // Backward node `node` (the recorder's index) starts / ends. Only planned actions that have no
+  // node to hook (via_callback_) run from here; the rest run from node_hook.
   void node_start(int64_t node, const char* name);
   void node_end(int64_t node);
+  // A planned node's pre-hook fired (attached in op_end; ignored unless `generation` is this
+  // step's): its recompute, then its releases.
+  void node_hook(int64_t node, uint64_t generation);
+  // The backward node callbacks drive some planned action (no node to hook): keep them on.
+  bool needs_node_callbacks() const { return needs_node_callbacks_; }
+  // Time spent in node hooks since the last call, ns (for the step's callback time).
+  int64_t take_hook_ns();
   // The tensor for an unpack: rebuilt first if it was evicted.
   at::Tensor materialize(SavedState& s);
   void end_step();
@@ -141,6 +150,9 @@ class Replayer {
   std::shared_ptr<SavedState> tail_mask(int64_t op, const Memo& memo) const;
   void rebuild(SavedState& s, Memo& memo);
   void evict_after(int64_t op);
+  void attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outputs);
+  void run_recompute(int64_t node);
+  void run_releases(int64_t node);
   void compact_after(int64_t op);
 
   planner::Plan plan_;
@@ -159,6 +171,16 @@ class Replayer {
   bool hold_externals(int64_t op) const;
   std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;
   std::unordered_map<int64_t, std::vector<int64_t>> release_after_;
+  struct NodeAction {
+    int64_t node;        // profile backward node
+    int64_t seq_offset;  // its sequence number minus its forward op's first
+    std::string name;
+  };
+  std::vector<std::vector<NodeAction>> node_actions_;  // per fwd op: planned nodes it creates
+  std::vector<char> via_callback_;                    // per bwd node: driven by node callbacks
+  bool needs_node_callbacks_ = false;
+  uint64_t generation_ = 0;  // step counter, for hooks left on a graph kept from an earlier step
+  int64_t hook_ns_ = 0;
   std::vector<int64_t> value_bytes_;                          // per profile value
   std::vector<std::vector<int64_t>> output_values_;           // per fwd op: value of each output
   std::vector<std::vector<int64_t>> pack_values_;             // per fwd op: value of each pack
@@ -170,6 +192,7 @@ class Replayer {
   std::vector<Recipe> recipes_;
   std::vector<std::vector<Slot>> slots_;
   std::vector<bool> rebuildable_op_;
+  std::vector<int64_t> seq_begin_;  // per fwd op: its first autograd sequence number
   std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> slot_by_impl_;
   std::unordered_map<const c10::StorageImpl*, std::pair<int64_t, int64_t>> slot_by_storage_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> externals_;

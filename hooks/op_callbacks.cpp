@@ -11,6 +11,7 @@ std::atomic<OpSink*> g_sink{nullptr};
 at::CallbackHandle g_ops = 0;
 at::CallbackHandle g_nodes = 0;
 bool g_ops_paused = false;
+bool g_nodes_paused = false;
 thread_local int tl_depth = 0;       // nesting of autograd-level ops on this thread
 thread_local int tl_agent_scope = 0;
 thread_local bool tl_children_off = false;  // RecordFunction off for the current op's children
@@ -99,6 +100,7 @@ void install_op_callbacks(OpSink* sink, CallbackNeeds needs) {
   at::RecordFunctionCallback nodes(&on_start, &on_end);
   nodes.scopes({at::RecordScope::BACKWARD_FUNCTION});
   g_nodes = at::addGlobalCallback(nodes);
+  g_nodes_paused = false;
 }
 
 void remove_op_callbacks() {
@@ -107,6 +109,7 @@ void remove_op_callbacks() {
     *h = 0;
   }
   g_ops_paused = false;
+  g_nodes_paused = false;
   g_sink.store(nullptr, std::memory_order_release);
 }
 
@@ -115,6 +118,13 @@ void pause_forward_ops(bool paused) {
   if (paused) at::disableCallback(g_ops);
   else at::reenableCallback(g_ops);
   g_ops_paused = paused;
+}
+
+void pause_backward_nodes(bool paused) {
+  if (g_nodes == 0 || paused == g_nodes_paused) return;
+  if (paused) at::disableCallback(g_nodes);
+  else at::reenableCallback(g_nodes);
+  g_nodes_paused = paused;
 }
 
 bool quiet_ops_begin() {

@@ -30,6 +30,10 @@ void remove_op_callbacks();
 // agent calls all three from the thread that runs the step). Cost: a global callback-table update
 // (a mutex and a version bump), twice per step.
 void pause_forward_ops(bool paused);
+// Stops (or restarts) the backward node callbacks, while nothing needs them: a replayed step
+// whose planned actions run from hooks on the nodes themselves (the engine then builds no
+// RecordFunction, and no node-name string, per node). Same cost and threading as above.
+void pause_backward_nodes(bool paused);
 
 // Turns RecordFunction off on this thread for a stretch whose ops the agent never records (an
 // optimizer step: hundreds of no-grad ops that would otherwise each construct a RecordFunction

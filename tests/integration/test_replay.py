@@ -90,6 +90,9 @@ def test_gpt2_budget_actually_lowers_the_peak(runner, plain_runs):
     # long the agent's callbacks took in it.
     assert [r["light_steps"] for r in report["replay"]] == [r["steps"] - 1 for r in report["replay"]]
     assert all(len(r["callback_us"]) == r["steps"] and min(r["callback_us"]) > 0 for r in report["replay"])
+    # Planned recomputes start from pre-hooks on their autograd Nodes (the node callbacks are off
+    # in light steps): every one of them, in every step, since none was left to on-demand above.
+    assert all(r["node_hooks"] > 0 and r["node_hooks"] % r["steps"] == 0 for r in report["replay"])
     # Ops that save nothing the plan evicts keep their saved tensors with autograd (no Python hook
     # call); the peak above shows the evicted ones still went through ours.
     assert all(r["ops_unhooked"] > r["ops_hooked"] > 0 for r in report["replay"])
