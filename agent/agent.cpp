@@ -187,14 +187,7 @@ void Agent::node_start(const at::RecordFunction& fn) {
   const int64_t node = recorder_.current_node();
   if (node == before) return;  // the engine's "evaluate_function: X" wrapper makes no node
   if (timing_device_) device_timer_.op_begin(backward_op_id(node));
-  if (replayer_) {
-    try {
-      replayer_->node_start(node, recorder_.current_node_name());
-    } catch (const std::exception& e) {
-      // A planned rebuild failed: unpack will rebuild on demand (or report) for that tensor.
-      log_once("planned-rebuild", LogLevel::Warn, std::string("planned recompute failed: ") + e.what());
-    }
-  }
+  if (replayer_) replayer_->node_start(node, recorder_.current_node_name());
 }
 
 void Agent::node_end(const at::RecordFunction& fn) {

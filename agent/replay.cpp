@@ -88,9 +88,6 @@ class RerunState {
   std::vector<std::pair<at::Generator, at::Tensor>> saved_rng_;
 };
 
-}  // namespace
-
-namespace {
 // Runs a planned recompute just before its autograd Node (Replayer::node_hook). Cost when the
 // node runs: one call; the gradients pass through untouched.
 class PlannedNodeHook final : public torch::autograd::FunctionPreHook {
@@ -523,11 +520,11 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, ui
     outs.push_back(std::move(s));
   }
   // Checked here, not at the start: an op the recorder leaves out (no tensor output) is no step.
-  if (!dropped) check_divergence(op, hash, fn.name());
-  if (!dropped && !diverged_ && static_cast<size_t>(op) < node_actions_.size() && !node_actions_[op].empty()) {
-    attach_node_hooks(op, out_tensors);
-  }
-  if (!dropped && !diverged_) {
+  check_divergence(op, hash, fn.name());
+  if (!diverged_) {
+    if (static_cast<size_t>(op) < node_actions_.size() && !node_actions_[op].empty()) {
+      attach_node_hooks(op, out_tensors);
+    }
     size_t k = 0;
     for (int64_t v : output_values_[op]) {
       if (v >= 0 && k < out_tensors.size()) value_slot_[v] = {op, static_cast<int64_t>(k)};
@@ -869,7 +866,7 @@ void Replayer::node_start(int64_t node, const char* name) {
              fmt::format("backward node {} ({}) differs from the profile; planned recomputes off", node, name));
     return;
   }
-  if (via_callback_[node]) run_recompute(node);
+  if (via_callback_[node]) planned_recompute(node);
 }
 
 void Replayer::node_end(int64_t node) {
@@ -881,12 +878,7 @@ void Replayer::node_hook(int64_t node, uint64_t generation) {
   if (generation != generation_ || diverged_) return;  // a graph kept from an earlier step
   const auto t0 = std::chrono::steady_clock::now();
   ++stats_.node_hooks;
-  try {
-    run_recompute(node);
-  } catch (const std::exception& e) {
-    // Unpack rebuilds on demand (or reports) for the tensors this did not put back.
-    log_once("planned-rebuild", LogLevel::Warn, std::string("planned recompute failed: ") + e.what());
-  }
+  planned_recompute(node);
   // The node's releases are of holds only recomputes read, the last of them this one: free them
   // now rather than after the node (no post hook: it would keep the node's incoming gradients
   // alive through the node, memory no plan counts).
@@ -898,6 +890,15 @@ int64_t Replayer::take_hook_ns() {
   const int64_t ns = hook_ns_;
   hook_ns_ = 0;
   return ns;
+}
+
+void Replayer::planned_recompute(int64_t node) {
+  try {
+    run_recompute(node);
+  } catch (const std::exception& e) {
+    // Unpack rebuilds on demand (or reports) for the tensors this did not put back.
+    log_once("planned-rebuild", LogLevel::Warn, std::string("planned recompute failed: ") + e.what());
+  }
 }
 
 void Replayer::run_recompute(int64_t node) {

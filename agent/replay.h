@@ -152,6 +152,7 @@ class Replayer {
   void evict_after(int64_t op);
   void attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outputs);
   void run_recompute(int64_t node);
+  void planned_recompute(int64_t node);  // run_recompute; a failure is logged, unpack rebuilds
   void run_releases(int64_t node);
   void compact_after(int64_t op);
 

@@ -17,6 +17,20 @@ constexpr const char* kEnginePrefix = "autograd::engine::evaluate_function: ";
 void push_unique(std::vector<int64_t>* v, int64_t x) {
   if (v->empty() || v->back() != x) v->push_back(x);
 }
+
+// Calls f on each defined tensor of an op argument or result, in order: a tensor, or the tensors
+// of a list (a tensor list, or a list of optional tensors). The one traversal both recording
+// modes use, so the light op hash sees exactly the tensors a full-mode Op records.
+template <typename F>
+void for_each_tensor(const c10::IValue& iv, F f) {
+  if (iv.isTensor()) {
+    if (iv.toTensor().defined()) f(iv.toTensor());
+  } else if (iv.isList()) {
+    for (const c10::IValue& e : iv.toListRef()) {
+      if (e.isTensor() && e.toTensor().defined()) f(e.toTensor());
+    }
+  }
+}
 }  // namespace
 
 double Recorder::now_us() const {
@@ -66,22 +80,12 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
 }
 
 void Recorder::add_tensor_refs(const c10::IValue& iv, std::vector<TensorRef>* refs, int64_t producer) {
-  auto add = [&](const at::Tensor& t) {
-    if (!t.defined()) return;
+  for_each_tensor(iv, [&](const at::Tensor& t) {
     TensorRef& r = refs->emplace_back();
     r.value = value_of(t, producer);
     r.shape.assign(t.sizes().begin(), t.sizes().end());
     r.dtype = c10::toString(t.scalar_type());
-  };
-  if (iv.isTensor()) {
-    add(iv.toTensor());
-  } else if (iv.isTensorList()) {
-    for (const at::Tensor& t : iv.toTensorVector()) add(t);
-  } else if (iv.isList()) {
-    for (const c10::IValue& e : iv.toListRef()) {
-      if (e.isTensor()) add(e.toTensor());
-    }
-  }
+  });
 }
 
 bool Recorder::is_random(const at::RecordFunction& fn) {
@@ -115,20 +119,11 @@ void Recorder::light_op_start(const at::RecordFunction& fn) {
   OpHasher h;
   h.add(fn.name());
   h.add(fn.overload_name());
-  auto add = [&](const at::Tensor& t) {
-    if (!t.defined()) return;
-    const auto sizes = t.sizes();
-    h.add_input(c10::toString(t.scalar_type()), sizes.data(), sizes.size());
-  };
-  // The same tensors, in the same order, as add_tensor_refs records for the full-mode Op.
   for (const c10::IValue& iv : fn.inputs()) {
-    if (iv.isTensor()) {
-      add(iv.toTensor());
-    } else if (iv.isList()) {  // tensor lists too; an undefined tensor in a list is None there
-      for (const c10::IValue& e : iv.toListRef()) {
-        if (e.isTensor()) add(e.toTensor());
-      }
-    }
+    for_each_tensor(iv, [&](const at::Tensor& t) {
+      const auto sizes = t.sizes();
+      h.add_input(c10::toString(t.scalar_type()), sizes.data(), sizes.size());
+    });
   }
   light_hash_ = h.value();
   current_random_ = is_random(fn);
@@ -138,13 +133,7 @@ void Recorder::light_op_start(const at::RecordFunction& fn) {
 
 void Recorder::light_op_end(const at::RecordFunction& fn) {
   bool output = false;
-  for (const c10::IValue& iv : fn.outputs()) {
-    if (iv.isTensor()) {
-      output = output || iv.toTensor().defined();
-    } else if (iv.isList()) {
-      for (const c10::IValue& e : iv.toListRef()) output = output || (e.isTensor() && e.toTensor().defined());
-    }
-  }
+  for (const c10::IValue& iv : fn.outputs()) for_each_tensor(iv, [&](const at::Tensor&) { output = true; });
   // Left out as in op_end: no tensor output, no autograd node, nothing packed.
   if (!output && at::sequence_number::peek() == light_seq_begin_ && packs_in_op_ == 0) {
     --light_ops_;

@@ -36,6 +36,16 @@ def replay(runner, model, budget, extra=(), env=None):
     return p, report
 
 
+def identical_replay(runner, plain_runs, model, budget, extra=(), env=None):
+    """replay(), checked against the plain run of the same script: the same stdout, and every loss
+    and gradient torch.equal."""
+    stdout, plain_dump = plain_runs(model, extra)
+    p, report = replay(runner, model, budget, extra, env)
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    return p, report
+
+
 def measured_peaks(report):
     """Each replayed step's peak on the profile's baseline (the script may hold more outside)."""
     base = report["plan"]["baseline_bytes"]
@@ -108,10 +118,7 @@ def test_autocast_bit_identical_and_weight_cache_not_evicted(runner, plain_runs)
     """Forward under CPU bfloat16 autocast: bit-identical at 50%, and the parameters' bf16 copies
     that autocast caches (saved inside linear, held by the cache until the region ends) count as
     held outside autograd, so no plan evicts them expecting memory back during forward."""
-    stdout, plain_dump = plain_runs("gpt2", ["--autocast"])
-    p, report = replay(runner, "gpt2", "50%", ["--autocast"], env={"MEMPLAN_SUMMARY": "1"})
-    assert p.stdout == stdout
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", ["--autocast"], env={"MEMPLAN_SUMMARY": "1"})
     held = [l for l in p.stderr.splitlines() if "also held outside autograd" in l]
     assert held and "of which 0 B also held" not in held[0], held
     assert sum(r["divergences"] for r in report["replay"]) == 0
@@ -126,11 +133,8 @@ def test_script_allocating_between_steps_keeps_the_peak_as_predicted(runner, pla
     at those clones and their inputs (last step's gradients, freed by zero_grad mid-step) existed
     before it. The replay must not keep such inputs alive: only ops a rebuild may re-run hold
     them (measured before: +16% over the predicted peak at 35% in such a loop)."""
-    stdout, plain_dump = plain_runs("gpt2", ["--log-grads"])
-    p, report = replay(runner, "gpt2", "50%", ["--log-grads"])
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", ["--log-grads"])
     assert report["plan"]["feasible"]
-    assert p.stdout == stdout
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
     peaks = measured_peaks(report)
     error = max(peaks) / report["plan"]["predicted_peak_bytes"] - 1
     assert max(peaks) <= report["plan"]["budget_bytes"], (max(peaks), report["plan"]["budget_bytes"])
@@ -140,10 +144,7 @@ def test_script_allocating_between_steps_keeps_the_peak_as_predicted(runner, pla
 def test_gpt2_dropout_rebuilt_from_its_compact_mask(runner, plain_runs):
     """At 35% the plan evicts dropout outputs and keeps their masks compact: after a first re-run
     checked bit for bit, each such dropout is rebuilt as input x mask, without the random draw."""
-    stdout, plain_dump = plain_runs("gpt2")
-    p, report = replay(runner, "gpt2", "35%")
-    assert p.stdout == stdout
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    p, report = identical_replay(runner, plain_runs, "gpt2", "35%")
     rs = report["replay"]
     assert sum(r["tail_reruns"] for r in rs) > 0
     assert sum(r["on_demand"] for r in rs) == 0
@@ -156,10 +157,7 @@ def test_gpt2_dropout_rebuilt_from_its_compact_mask(runner, plain_runs):
 @pytest.mark.parametrize("extra", [["--torch-profiler"], ["--checkpoint"], ["--func"], ["--accum", "2"],
                                    ["--eval-every", "3"], ["--user-hooks"]])
 def test_coexistence_with_a_budget(runner, plain_runs, extra):
-    stdout, plain_dump = plain_runs("gpt2", extra)
-    p, report = replay(runner, "gpt2", "50%", extra)
-    assert p.stdout == stdout
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
 
 
 def test_inplace_error_unchanged_with_a_budget(runner):
@@ -173,17 +171,13 @@ def test_inplace_error_unchanged_with_a_budget(runner):
 
 def test_divergence_stops_evicting_and_reprofiles(runner, plain_runs):
     extra = ["--seq-change-at", "6"]
-    stdout, plain_dump = plain_runs("gpt2", extra)
-    p, report = replay(runner, "gpt2", "50%", extra)
-    assert p.stdout == stdout
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
     assert sum(r["divergences"] for r in report["replay"]) == 1
     assert len(report["replay"]) == 2  # a new plan for the new shapes after re-profiling
     assert "diverged" in p.stderr
 
 
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
-    stdout, plain_dump = plain_runs("gpt2")
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))
     assert len(cached) == 1
@@ -191,9 +185,7 @@ def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     assert plan["evictions"] and plan["recomputes"]
     plan["recomputes"] = []  # every evicted tensor is now needed before any planned recompute
     (runner.tmp / "wrong.json").write_text(json.dumps(plan))
-    p, report = replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN": "wrong.json"})
-    assert p.stdout == stdout
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", env={"MEMPLAN_PLAN": "wrong.json"})
     assert "fails the simulator" in p.stderr
     rep = report["replay"][0]
     assert rep["evicted"] > 0 and rep["on_demand"] == rep["evicted"]
@@ -215,11 +207,8 @@ def test_budget_above_peak_takes_no_action(runner, plain_runs):
 
 
 def test_corrupt_plan_file_falls_back(runner, plain_runs):
-    stdout, plain_dump = plain_runs("gpt2")
     (runner.tmp / "bad.json").write_text('{"format": "memplan-plan", "version": 1, "evictions": [')
-    p, report = replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN": "bad.json"})
-    assert p.stdout == stdout
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", env={"MEMPLAN_PLAN": "bad.json"})
     assert "MEMPLAN_PLAN=bad.json" in p.stderr and "planning from the profile instead" in p.stderr
 
 
@@ -270,10 +259,7 @@ def test_optimizer_step_that_raises_costs_one_unplanned_step(runner, plain_runs)
     # RecordFunction is off during an optimizer step; if the step raises (its post hook never
     # runs) and the script goes on, the next step runs unplanned and the ones after are replayed.
     extra = ["--optimizer-raises-at", "4"]
-    stdout, plain_dump = plain_runs("gpt2", extra)
-    p, report = replay(runner, "gpt2", "50%", extra)
-    assert p.stdout == stdout
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
     assert p.stderr.count("an optimizer step raised") == 1
     r = report["replay"][0]
     assert r["steps"] == STEPS - 2 - 1
@@ -288,11 +274,8 @@ def test_backward_that_raises_leaves_the_next_steps_replayed(runner, plain_runs)
     # end puts the evicted tensors back (the graph could be run again) without the agent taking
     # that work for the next step's ops, and the following steps are replayed as planned.
     extra = ["--backward-raises-at", "4"]
-    stdout, plain_dump = plain_runs("gpt2", extra)
-    p, report = replay(runner, "gpt2", "50%", extra)
-    assert p.stdout == stdout
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
     assert "step 4: backward refused" in p.stderr
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
     r = report["replay"][0]
     assert len(report["replay"]) == 1 and r["divergences"] == 0
     assert r["steps"] == STEPS - 2
@@ -305,10 +288,7 @@ def test_rebuilds_inside_backward_under_the_scripts_own_hooks(runner, plain_runs
     # backward runs. A rebuild's re-runs must still pack through ours (that is how layer_norm's
     # mean/rstd are recovered): they are pushed on top for the re-run, then taken off again.
     extra = ["--backward-in-user-hooks"]
-    stdout, plain_dump = plain_runs("gpt2", extra)
-    p, report = replay(runner, "gpt2", "50%", extra)
-    assert p.stdout == stdout
-    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
     r = report["replay"][0]
     assert len(report["replay"]) == 1 and r["divergences"] == 0 and r["steps"] == STEPS - 2
     assert r["evicted"] > 0 and r["rebuilt"] == r["evicted"] and r["on_demand"] == 0
