@@ -120,6 +120,8 @@ bool Agent::boot() {
   profile_path_ = opt.profile_out.empty() ? "" : rank_path(opt.profile_out, rank, world);
   trace_path_ = opt.trace.empty() ? "" : rank_path(opt.trace, rank, world);
   install_op_callbacks(this, CallbackNeeds{true, true});
+  planning_ = opt.budget.kind != Budget::Kind::None || !opt.plan.empty();
+  kinds_ = StepKinds(opt.warmup);
   phase_ = Phase::Warmup;
   nvtx::range_push("memplan/warmup");
   debug("profiling {} warm-up step(s)", opt.warmup);
@@ -135,16 +137,10 @@ void Agent::op_start(const at::RecordFunction& fn) {
     const bool cuda = first_tensor_on_cuda(fn) && cuda_memory().active();
     recorder_.set_memory(cuda ? &cuda_memory() : &cpu_memory());
     step_device_ = cuda ? "cuda" : "cpu";
-    // After the first replayed step (kept whole for the trace), replayed steps are recorded
-    // light: their record is read for its peak only. A debug log writes each one out whole.
-    recorder_.set_light(phase_ == Phase::Replay && replay_profile_ != nullptr && !log_enabled(LogLevel::Debug));
-    recorder_.begin_step(steps_);
-    // A light replayed step needs no node callbacks when the plan's actions hang on the nodes.
-    pause_backward_nodes(recorder_.light() && replayer_ && !replayer_->needs_node_callbacks());
-    timing_device_ = phase_ == Phase::Warmup && cuda && device_timer_.begin_step();
-    if (replayer_) replayer_->begin_step();
+    begin_step();
+    timing_device_ = choice_.profile && cuda && device_timer_.begin_step();
   }
-  if (phase_ == Phase::Warmup) nvtx::range_push(fn.name());
+  if (choice_.profile) nvtx::range_push(fn.name());
   recorder_.op_start(fn);
   if (replayer_ && recorder_.current_op() >= 0) {
     replayer_->op_start(fn, recorder_.current_op(), recorder_.current_random());
@@ -159,6 +155,10 @@ void Agent::op_start(const at::RecordFunction& fn) {
     } else {
       ++replayer_->stats().ops_hooked;
     }
+  } else if (!choice_.profile && recorder_.current_op() >= 0 && our_hooks_on_top()) {
+    // A step of a kind whose plan has no actions: nothing to record of its packs either.
+    packs_prev_tracing_ = at::SavedTensorDefaultHooks::set_tracing(true);
+    packs_off_ = true;
   }
   // Last thing in the start callback: the op's device time should not include our recording.
   if (timing_device_ && recorder_.current_op() >= 0) device_timer_.op_begin(forward_op_id(recorder_.current_op()));
@@ -176,7 +176,7 @@ void Agent::op_end(const at::RecordFunction& fn) {
     const bool dropped = recorder_.op_count() < before;
     replayer_->op_end(fn, op, dropped, dropped ? 0 : recorder_.op_hash(op));
   }
-  if (phase_ == Phase::Warmup) nvtx::range_pop();
+  if (choice_.profile) nvtx::range_pop();
 }
 
 void Agent::node_start(const at::RecordFunction& fn) {
@@ -300,7 +300,7 @@ bool Agent::backward_end() {
   const auto now = std::chrono::steady_clock::now();
   if (steps_ > 0) {
     const double us = std::chrono::duration<double, std::micro>(now - last_backward_end_).count();
-    const int slot = recording() && recorder_.in_step() ? (phase_ == Phase::Warmup ? 0 : 2) : 1;
+    const int slot = recording() && recorder_.in_step() ? (choice_.profile ? 0 : 2) : 1;
     iteration_us_[slot].push_back(us);
   }
   last_backward_end_ = now;
@@ -316,66 +316,127 @@ bool Agent::backward_end() {
     }
     p.rank = env_rank();
     p.device = step_device_;
-    if (phase_ == Phase::Warmup) {
-      profiles_.push_back(std::move(p));
-      if (static_cast<int>(profiles_.size()) >= options().warmup) finish_warmup();
-    } else if (replayer_) {
-      const bool diverged = replayer_->diverged();
-      replayer_->end_step();
-      ReplayStats& st = replayer_->stats();
-      if (!diverged) {
-        if (!replay_profile_) {
-          replay_profile_ = std::make_unique<Profile>(p);
-          replay_actions_ = replayer_->first_step_actions();
-        }
-        st.measured_peak.push_back(p.peak_bytes);
-        st.measured_baseline.push_back(p.baseline_bytes);
-        st.callback_us.push_back(p.overhead_us);
-        if (recorder_.light()) ++st.light_steps;
-        if (log_enabled(LogLevel::Debug)) {
-          debug("replayed step {}: peak {} at {}", p.step, format_bytes(p.peak_bytes), peak_location(p));
-          std::string error;
-          if (!profile_path_.empty()) write_profile_file(profile_path_ + ".replay.json", p, &error);
-        }
-      } else {
-        // The script changed shape or path: profile it again and plan for what it does now.
-        replay_history_.push_back(std::move(replayer_));
-        profiles_.clear();
-        outputs_written_ = false;
-        phase_ = Phase::Warmup;
-        nvtx::range_push("memplan/warmup");
-      }
-    }
+    end_step(std::move(p));
   }
   ++steps_;
   return phase_ != Phase::Done;
 }
 
-void Agent::finish_warmup() {
-  nvtx::range_pop();  // memplan/warmup
-  const Profile& last = profiles_.back();
-  for (size_t i = 0; i + 1 < profiles_.size(); ++i) {
-    if (profiles_[i].op_hash != last.op_hash) {
-      debug("warm-up step {} ran a different op sequence than step {} ({} vs {} ops); the profile "
-            "is of step {}",
-            profiles_[i].step, last.step, profiles_[i].forward.size(), last.forward.size(), last.step);
+// At a step's first op: which kind of step this is predicted to be, and so whether it is recorded
+// whole (profiled) or replays that kind's plan.
+void Agent::begin_step() {
+  choice_ = planning_ ? kinds_.next() : StepKinds::Choice{};
+  replayer_ = choice_.profile ? nullptr : plans_[static_cast<size_t>(choice_.plan)].replayer.get();
+  // Replayed steps are recorded light, their record read for its peak and signature only; the
+  // first one with actions is kept whole, for the trace. A debug log keeps every one whole.
+  recorder_.set_light(!choice_.profile && (replay_profile_ != nullptr || replayer_ == nullptr) &&
+                      !log_enabled(LogLevel::Debug));
+  recorder_.begin_step(steps_);
+  // A light replayed step needs no node callbacks when the plan's actions hang on the nodes.
+  pause_backward_nodes(recorder_.light() && (replayer_ == nullptr || !replayer_->needs_node_callbacks()));
+  if (replayer_) replayer_->begin_step();
+}
+
+void Agent::end_step(Profile p) {
+  if (!planning_) {
+    // Profile only: the first MEMPLAN_WARMUP steps, written out, then nothing more to do.
+    profiles_.push_back(std::move(p));
+    outputs_written_ = false;
+    if (static_cast<int>(profiles_.size()) >= options().warmup) {
+      write_outputs();
+      stop_observing();
     }
+    return;
   }
-  write_outputs();
-  const Options& opt = options();
-  if (opt.budget.kind != Budget::Kind::None || !opt.plan.empty()) {
-    nvtx::ScopedRange range("memplan/plan");
-    std::optional<planner::Plan> plan = obtain_plan(last);
-    if (plan && !plan->empty()) {
-      replayer_ = std::make_unique<Replayer>(last, std::move(*plan));
-      phase_ = Phase::Replay;
-      nvtx::range_push("memplan/replay");
-      return;
+  bool diverged = false;
+  if (replayer_) {
+    diverged = replayer_->diverged();
+    replayer_->end_step();
+    ReplayStats& st = replayer_->stats();
+    if (!diverged) {
+      if (!replay_profile_) {
+        replay_profile_ = std::make_unique<Profile>(p);
+        replay_actions_ = replayer_->first_step_actions();
+      }
+      st.measured_peak.push_back(p.peak_bytes);
+      st.measured_baseline.push_back(p.baseline_bytes);
+      st.callback_us.push_back(p.overhead_us);
+      if (recorder_.light()) ++st.light_steps;
+      if (log_enabled(LogLevel::Debug)) {
+        debug("replayed step {}: peak {} at {}", p.step, format_bytes(p.peak_bytes), peak_location(p));
+        std::string error;
+        if (!profile_path_.empty()) write_profile_file(profile_path_ + ".replay.json", p, &error);
+      }
     }
+    replayer_ = nullptr;
   }
-  // Profile only, or nothing to do under this budget: stop observing ops, zero cost from here.
+  if (!choice_.profile && !diverged && p.signature != choice_.kind) {  // (a divergence says so itself)
+    log_once("other-kind", LogLevel::Info,
+             "a step ran other ops than the step predicted for it (its kind of step, or a new one): "
+             "that step ran without planned actions; new kinds of step are profiled and planned on "
+             "their own");
+  }
+  if (log_enabled(LogLevel::Debug)) {
+    debug("step {}: kind {:016x}, {}{}", p.step, p.signature,
+          choice_.profile ? "profiled" : fmt::format("replayed kind {:016x}", choice_.kind),
+          diverged ? ", diverged" : "");
+  }
+  const bool plan_now = kinds_.finish(choice_, p.signature, diverged);
+  if (choice_.profile) {
+    profiles_.push_back(std::move(p));
+    outputs_written_ = false;
+    if (plan_now) plan_kind(profiles_.back());
+  }
+  if (std::optional<std::string> why = kinds_.give_up()) {
+    warn("{}: memplan stops planning and runs plain PyTorch from here", *why);
+    stop_observing();
+  } else if (nothing_to_do()) {
+    stop_observing();
+  }
+}
+
+// The recent steps are all of kinds whose plans have no actions: stop observing ops, zero cost
+// from here (a budget above the un-planned peak).
+bool Agent::nothing_to_do() const {
+  const std::vector<uint64_t> recent = kinds_.recent(8);
+  if (static_cast<int>(recent.size()) < std::min(options().warmup, 8)) return false;
+  for (uint64_t kind : recent) {
+    const int plan = kinds_.plan_of(kind);
+    if (plan < 0 || plans_[static_cast<size_t>(plan)].replayer) return false;
+  }
+  return true;
+}
+
+void Agent::stop_observing() {
   remove_op_callbacks();
+  if (phase_ == Phase::Warmup) nvtx::range_pop();  // memplan/warmup
+  if (replay_range_) nvtx::range_pop();            // memplan/replay
+  replay_range_ = false;
   phase_ = Phase::Done;
+}
+
+// Kind `p.signature` is due a plan (StepKinds::finish); `p` is its latest whole record.
+void Agent::plan_kind(const Profile& p) {
+  if (phase_ == Phase::Warmup) nvtx::range_pop();  // memplan/warmup
+  write_outputs();
+  PlanRecord rec;
+  rec.kind = p.signature;
+  {
+    nvtx::ScopedRange range("memplan/plan");
+    std::optional<planner::Plan> plan = obtain_plan(p, &rec.info);
+    if (plan && !plan->empty()) rec.replayer = std::make_unique<Replayer>(p, std::move(*plan));
+  }
+  if (!plans_.empty()) {
+    info("planned another kind of step ({} op sequences seen): each kind replays its own plan",
+         kinds_.kinds());
+  }
+  plans_.push_back(std::move(rec));
+  kinds_.set_plan(p.signature, static_cast<int>(plans_.size()) - 1);
+  if (phase_ == Phase::Warmup) {
+    phase_ = Phase::Replay;
+    nvtx::range_push("memplan/replay");
+    replay_range_ = true;
+  }
 }
 
 namespace {
@@ -396,22 +457,22 @@ std::string budget_key(const Budget& b) {
 
 // A plan for `profile`: MEMPLAN_PLAN's file if it belongs to this profile, else the cache's,
 // else a fresh one (then cached). Never throws; nullopt means run without one.
-std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile) {
+std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo* out) {
   const Options& opt = options();
   std::string error;
-  plan_info_ = PlanInfo{};
-  plan_info_.baseline = profile.baseline_bytes;
-  plan_info_.unplanned_peak = profile.peak_bytes;
+  *out = PlanInfo{};
+  out->baseline = profile.baseline_bytes;
+  out->unplanned_peak = profile.peak_bytes;
   auto accept = [&](planner::Plan plan, const std::string& from) -> std::optional<planner::Plan> {
-    plan_info_.budget = plan.budget_bytes;
-    plan_info_.predicted_peak = plan.predicted_peak_bytes;
-    plan_info_.predicted_time_us = plan.predicted_time_us;
-    plan_info_.unplanned_time_us = plan.unplanned_time_us;
-    plan_info_.feasible = plan.feasible;
-    plan_info_.min_feasible = plan.min_feasible_bytes;
-    plan_info_.source = from;
-    plan_info_.evictions = static_cast<int64_t>(plan.evictions.size());
-    plan_info_.recomputes = static_cast<int64_t>(plan.recomputes.size());
+    out->budget = plan.budget_bytes;
+    out->predicted_peak = plan.predicted_peak_bytes;
+    out->predicted_time_us = plan.predicted_time_us;
+    out->unplanned_time_us = plan.unplanned_time_us;
+    out->feasible = plan.feasible;
+    out->min_feasible = plan.min_feasible_bytes;
+    out->source = from;
+    out->evictions = static_cast<int64_t>(plan.evictions.size());
+    out->recomputes = static_cast<int64_t>(plan.recomputes.size());
     return plan;
   };
   if (!opt.plan.empty()) {
@@ -469,7 +530,7 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile) {
   }
   if (!r.ok || !r.plan.feasible) r = pl.plan_for(requested);
   r.plan.budget_bytes = requested_bytes;
-  plan_info_.planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out->planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r.ok) {
     warn("no plan ({}); running plain PyTorch", r.error);
     return std::nullopt;
@@ -520,7 +581,21 @@ void Agent::finish() {
   in.recorded_step_us = median(iteration_us_[0]);
   in.plain_step_us = median(iteration_us_[1]);
   std::string text = format_summary(profiles_.back(), in);
-  if (replayer_ || !replay_history_.empty() || plan_info_.budget > 0) text += replay_summary();
+  int shown = 0;
+  for (const PlanRecord& rec : plans_) shown += rec.replayer || !rec.info.source.empty();
+  int n = 0;
+  for (const PlanRecord& rec : plans_) {
+    if (!rec.replayer && rec.info.source.empty()) continue;
+    const std::string source = rec.info.source.empty() ? "none" : rec.info.source;
+    text += replay_summary(rec, shown == 1 ? fmt::format("plan ({})", source)
+                                           : fmt::format("plan {} of {} ({}; step kind {:016x})", ++n,
+                                                         shown, source, rec.kind));
+  }
+  if (plans_.size() > 1 || kinds_.misses() > 0) {  // not for a first step that differed
+    text += fmt::format("[memplan] step kinds: {} different op sequences seen, {} planned; {} step(s) ran "
+                        "other ops than predicted\n",
+                        kinds_.kinds(), plans_.size(), kinds_.misses());
+  }
   std::fputs(text.c_str(), stderr);
 }
 
@@ -537,14 +612,25 @@ void Agent::write_report(const std::string& path) const {
                     {"peak_bytes", p.peak_bytes}, {"forward_ops", p.forward.size()},
                     {"backward_nodes", p.backward.size()}, {"step_us", p.forward_us + p.backward_us}};
   }
-  const PlanInfo& i = plan_info_;
-  if (!i.source.empty()) {
-    j["plan"] = {{"source", i.source}, {"budget_bytes", i.budget}, {"baseline_bytes", i.baseline},
-                 {"unplanned_peak_bytes", i.unplanned_peak}, {"predicted_peak_bytes", i.predicted_peak},
-                 {"min_feasible_bytes", i.min_feasible}, {"feasible", i.feasible},
-                 {"predicted_time_us", i.predicted_time_us}, {"unplanned_time_us", i.unplanned_time_us},
-                 {"evictions", i.evictions}, {"recomputes", i.recomputes}, {"planning_s", i.planning_s}};
+  auto plan_json = [](const PlanRecord& rec) {
+    const PlanInfo& i = rec.info;
+    return nlohmann::json{{"source", i.source}, {"budget_bytes", i.budget}, {"baseline_bytes", i.baseline},
+                          {"unplanned_peak_bytes", i.unplanned_peak}, {"predicted_peak_bytes", i.predicted_peak},
+                          {"min_feasible_bytes", i.min_feasible}, {"feasible", i.feasible},
+                          {"predicted_time_us", i.predicted_time_us}, {"unplanned_time_us", i.unplanned_time_us},
+                          {"evictions", i.evictions}, {"recomputes", i.recomputes}, {"planning_s", i.planning_s},
+                          {"kind", fmt::format("{:016x}", rec.kind)}, {"actions", rec.replayer != nullptr}};
+  };
+  // "plan": the latest plan made (the only one, unless the script runs several kinds of step);
+  // "plans": every plan, one per kind of step (StepKinds), in the order they were made.
+  nlohmann::json plans = nlohmann::json::array();
+  for (const PlanRecord& rec : plans_) {
+    if (rec.info.source.empty()) continue;
+    plans.push_back(plan_json(rec));
+    j["plan"] = plans.back();
   }
+  j["plans"] = plans;
+  j["step_kinds"] = {{"kinds", kinds_.kinds()}, {"misses", kinds_.misses()}};
   nlohmann::json reps = nlohmann::json::array();
   auto add = [&](const Replayer& r) {
     const ReplayStats& st = const_cast<Replayer&>(r).stats();
@@ -558,20 +644,21 @@ void Agent::write_report(const std::string& path) const {
                     {"callback_us", st.callback_us}, {"light_steps", st.light_steps},
                     {"node_hooks", st.node_hooks}});
   };
-  for (const auto& r : replay_history_) add(*r);
-  if (replayer_) add(*replayer_);
+  for (const PlanRecord& rec : plans_) {
+    if (rec.replayer) add(*rec.replayer);
+  }
   j["replay"] = reps;
   std::ofstream f(path);
   if (!f || !(f << j.dump(1) << "\n")) warn("report not written to {}", path);
 }
 
-std::string Agent::replay_summary() const {
-  const PlanInfo& p = plan_info_;
+std::string Agent::replay_summary(const PlanRecord& rec, const std::string& title) const {
+  const PlanInfo& p = rec.info;
   std::string out;
   auto line = [&](const std::string& l) { out += "[memplan] " + l + "\n"; };
   const int64_t act = p.unplanned_peak - p.baseline;
   auto pct = [&](int64_t abs) { return act > 0 ? 100.0 * static_cast<double>(abs - p.baseline) / act : 100.0; };
-  line(fmt::format("===== plan ({}) =====", p.source.empty() ? "none" : p.source));
+  line(fmt::format("===== {} =====", title));
   line(fmt::format("budget {} ({:.0f}% of activations); un-planned peak {}; predicted peak {} ({:.0f}%){}",
                    format_bytes(p.budget), pct(p.budget), format_bytes(p.unplanned_peak),
                    format_bytes(p.predicted_peak), pct(p.predicted_peak),
@@ -583,7 +670,7 @@ std::string Agent::replay_summary() const {
                      100.0 * (p.predicted_time_us / p.unplanned_time_us - 1.0), p.evictions, p.recomputes,
                      p.planning_s));
   }
-  const Replayer* r = replayer_ ? replayer_.get() : (replay_history_.empty() ? nullptr : replay_history_.back().get());
+  const Replayer* r = rec.replayer.get();
   if (r == nullptr) return out;
   ReplayStats st = const_cast<Replayer*>(r)->stats();
   // Each step's peak is taken relative to its own start (what the script holds outside the step

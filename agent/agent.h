@@ -14,6 +14,7 @@
 
 #include "agent/replay.h"
 #include "agent/saved.h"
+#include "agent/step_kinds.h"
 #include "hooks/device_timer.h"
 #include "hooks/op_callbacks.h"
 #include "profiler/profile.h"
@@ -70,13 +71,26 @@ class Agent final : public OpSink {
     int64_t evictions = 0, recomputes = 0;
   };
 
+  // One plan, for one kind of step (StepKinds): its summary facts and, if it has actions, the
+  // Replayer that runs them. A kind whose plan went stale keeps its old record (for the report).
+  struct PlanRecord {
+    uint64_t kind = 0;
+    PlanInfo info;
+    std::unique_ptr<Replayer> replayer;  // null: nothing to do for this kind (or no plan made)
+  };
+
   Agent();
   bool recording() const;
-  std::optional<planner::Plan> obtain_plan(const Profile& profile);
-  std::string replay_summary() const;
+  std::optional<planner::Plan> obtain_plan(const Profile& profile, PlanInfo* out);
+  std::string replay_summary(const PlanRecord& rec, const std::string& title) const;
   void write_report(const std::string& path) const;
   MemoryCounter* memory_for_step();
-  void finish_warmup();
+  void begin_step();
+  void end_step(Profile p);
+  void plan_kind(const Profile& p);
+  // Nothing left to do (profile only, no action needed, or given up): the op callbacks go.
+  void stop_observing();
+  bool nothing_to_do() const;
   void write_outputs();
 
   std::mutex mu_;  // guards step transitions against a second training thread; not the hot path
@@ -86,15 +100,18 @@ class Agent final : public OpSink {
   int64_t steps_ = 0;             // completed steps (backward returned)
   int backward_depth_ = 0;        // nested torch.autograd.backward/grad calls
   Recorder recorder_;
-  std::vector<Profile> profiles_; // warm-up steps
+  std::vector<Profile> profiles_; // steps recorded whole (warm-up, and each new kind's)
+  bool planning_ = false;         // a budget or a plan file: kinds get plans (else profile only)
+  StepKinds kinds_{2};
+  StepKinds::Choice choice_;      // the running step's: profile it, or replay plans_[choice_.plan]
   std::string profile_path_, trace_path_;
   std::string step_device_ = "cpu";
   DeviceTimer device_timer_;      // CUPTI + CUDA-event op times of CUDA warm-up steps
   bool timing_device_ = false;    // device_timer_ is timing the current step
   bool outputs_written_ = false;
-  std::unique_ptr<Replayer> replayer_;
-  std::vector<std::unique_ptr<Replayer>> replay_history_;  // replaced after a divergence
-  PlanInfo plan_info_;
+  std::vector<PlanRecord> plans_;  // in the order they were made
+  Replayer* replayer_ = nullptr;   // the running step's, while it replays a plan with actions
+  bool replay_range_ = false;      // the "memplan/replay" NVTX range is open
   std::chrono::steady_clock::time_point last_backward_end_;
   std::vector<double> iteration_us_[3];  // iterations that recorded, ran plainly, replayed
   std::unique_ptr<Profile> replay_profile_;  // the first replayed step, for the trace

@@ -154,8 +154,9 @@ const Row kRows[] = {
       "planning."},
      [](const std::string& t, Options* o) { return parse_path(t, &o->plan_cache); }},
     {{"MEMPLAN_REPORT", "unset", "a file path, or \"\"/0/off/none for none",
-      "JSON report written at exit: the plan (budget, predicted peak and time) and, per replayed "
-      "step, the measured peak; for benchmarks and tests."},
+      "JSON report written at exit: the plan (budget, predicted peak and time; `plans` has one per "
+      "kind of step) and, per replayed step, the measured peak and baseline; for benchmarks and "
+      "tests."},
      [](const std::string& t, Options* o) { return parse_path(t, &o->report); }},
     {{"MEMPLAN_LOG", "info", "error, warn, info or debug (case-insensitive)",
       "How much the agent prints to stderr (prefix \"[memplan] \")."},

@@ -101,7 +101,7 @@ class PlannedNodeHook final : public torch::autograd::FunctionPreHook {
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs&) const override {}
 
  private:
-  Replayer* r_;  // replayers are kept for the process's life (Agent::replay_history_)
+  Replayer* r_;  // replayers are kept for the process's life (Agent::plans_)
   int64_t node_;
   uint64_t generation_;
 };
@@ -369,8 +369,8 @@ void Replayer::check_divergence(int64_t op, uint64_t hash, const char* name) {
     ++stats_.divergences;
     log_once("divergence", LogLevel::Info,
              fmt::format("step diverged from the profile at forward op {} ({}): evictions stop for "
-                         "this step, evicted tensors are rebuilt on demand, and the next steps are "
-                         "profiled again",
+                         "this step, evicted tensors are rebuilt on demand; a new kind of step is "
+                         "profiled again and gets its own plan",
                          op, name));
   }
 }

@@ -44,6 +44,9 @@ def parse():
                    help="compute the loss under the script's own saved_tensors_hooks; print how many packs they saw")
     p.add_argument("--inplace-error", action="store_true", help="modify a saved tensor in place (autograd error)")
     p.add_argument("--seq-change-at", type=int, default=-1, help="GPT-2: sequence length changes from this step")
+    p.add_argument("--seq-cycle", default="",
+                   help="GPT-2: comma-separated sequence lengths, one per forward/backward in turn (with "
+                        "--accum 2 and two lengths: two kinds of step that alternate)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
     p.add_argument("--dump", help="torch.save losses and every gradient of every step here")
     p.add_argument("--profile-step", type=int, default=-1,
@@ -121,6 +124,9 @@ class Loader(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         seq = 32 if (self.args.seq_change_at >= 0 and i // self.args.accum >= self.args.seq_change_at) else None
+        if self.args.seq_cycle:
+            lengths = [int(n) for n in self.args.seq_cycle.split(",")]
+            seq = lengths[i % len(lengths)]
         return models.make_batch(self.name, i, batch=self.args.batch, seq_len=seq)
 
 

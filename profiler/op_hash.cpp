@@ -12,6 +12,16 @@ void OpHasher::add_op(const Op& op) {
   for (const TensorRef& t : op.inputs) add_input(t.dtype.c_str(), t.shape.data(), t.shape.size());
 }
 
+uint64_t signature_of(const std::vector<Op>& ops) {
+  uint64_t sig = kSignatureSeed;
+  for (const Op& op : ops) {
+    OpHasher h;
+    h.add_op(op);
+    sig = fold_signature(sig, h.value());
+  }
+  return sig;
+}
+
 std::string hash_forward_ops(const std::vector<Op>& ops) {
   OpHasher h;
   for (const Op& op : ops) h.add_op(op);

@@ -40,4 +40,13 @@ class OpHasher {
 
 std::string hash_forward_ops(const std::vector<Op>& ops);
 
+// A step's signature (Profile::signature): each kept op's identity hash (OpHasher::add_op, as the
+// replay's divergence check uses) folded in order, so a light record, which keeps no ops, gets
+// the same value as a full one. Start from kSignatureSeed.
+constexpr uint64_t kSignatureSeed = 0x6d656d706c616e31ull;
+inline uint64_t fold_signature(uint64_t sig, uint64_t op_hash) {
+  return (sig ^ op_hash) * 0x9e3779b97f4a7c15ull + (sig >> 29);
+}
+uint64_t signature_of(const std::vector<Op>& ops);
+
 }  // namespace memplan

@@ -76,6 +76,9 @@ struct Profile {
   int rank = 0;
   int64_t step = 0;                 // which iteration this is (0-based)
   std::string op_hash;              // hex hash of (name, overload, input shapes/dtypes) of fwd ops
+  // In-process only, not written: the fwd ops' identity hashes folded in order (op_hash.h,
+  // fold_signature). Known for light records too, which have no op list to hash.
+  uint64_t signature = 0;
   int64_t baseline_bytes = 0;       // allocated when the step began (params, grads, optimizer state)
   int64_t peak_bytes = 0;           // highest allocated during the step (absolute)
   int64_t end_bytes = 0;            // allocated when the step ended

@@ -91,6 +91,7 @@ class Recorder {
   bool light_ = false, light_next_ = false;
   int64_t light_ops_ = 0, light_nodes_ = 0;  // light mode: ops and nodes so far
   uint64_t light_hash_ = 0;                  // light mode: hash of the running / last op
+  uint64_t light_sig_ = 0;                   // light mode: signature of the kept ops so far
   int64_t light_seq_begin_ = 0;              // light mode: the running op's first sequence number
   bool current_random_ = false;
   const char* current_node_name_ = "";

@@ -177,6 +177,46 @@ def test_divergence_stops_evicting_and_reprofiles(runner, plain_runs):
     assert "diverged" in p.stderr
 
 
+def test_alternating_kinds_of_step_each_replay_their_own_plan(runner, plain_runs):
+    # Two forward/backward passes per optimizer step, of different sequence lengths: two kinds of
+    # step that alternate (as a GAN's discriminator and generator steps, or two losses with a
+    # backward each). Each kind is profiled and planned once; then every step replays its own
+    # kind's plan, predicted from the ones before it. (This used to diverge at every step and
+    # re-profile and re-plan without end: about a second of planning every other step.)
+    extra = ["--accum", "2", "--seq-cycle", "64,32"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    kinds = report["step_kinds"]
+    assert kinds["kinds"] == 3  # the first step also ran the script's setup ops
+    assert kinds["misses"] <= 1  # right after the warm-up, before the second kind has a plan
+    assert len(report["plans"]) == 2 and len(report["replay"]) == 2
+    assert p.stderr.count("planning took") == 2
+    for plan, r in zip(report["plans"], report["replay"]):
+        assert r["evicted"] > 0 and r["rebuilt"] == r["evicted"] and r["on_demand"] <= r["evicted"] // r["steps"]
+        peaks = [pk - b for pk, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
+        assert len(peaks) >= STEPS - 4
+        assert max(peaks) + plan["baseline_bytes"] <= plan["budget_bytes"]
+    assert sum(r["steps"] for r in report["replay"]) >= 2 * STEPS - 5
+
+
+def test_alternating_kinds_above_the_peak_take_no_action(runner, plain_runs):
+    extra = ["--accum", "2", "--seq-cycle", "64,32"]
+    stdout, _ = plain_runs("gpt2", extra)
+    p, report = replay(runner, "gpt2", "200%", extra)
+    assert p.stdout == stdout
+    assert report["phase"] == "done" and report["replay"] == [] and len(report["plans"]) == 2
+
+
+def test_a_step_that_keeps_changing_falls_back_to_plain_pytorch(runner, plain_runs):
+    # A new sequence length every step: more kinds of step than are worth planning. One message,
+    # then plain PyTorch (the op callbacks removed), every result unchanged.
+    extra = ["--seq-cycle", "8,12,16,20,24,28,32,36,40,44"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    assert p.stderr.count("memplan stops planning and runs plain PyTorch from here") == 1
+    assert "9 different op sequences" in p.stderr
+    assert report["phase"] == "done"
+    assert p.stderr.count("planning took") <= 1
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))

@@ -1,0 +1,97 @@
+#include "agent/step_kinds.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace memplan {
+
+std::optional<uint64_t> StepKinds::predict() const {
+  if (history_.empty()) return std::nullopt;
+  const size_t n = history_.size();
+  // Longest match: for each earlier end position j (latest first), how many steps before j equal
+  // the same number of steps at the history's end. A tie keeps the latest j.
+  size_t best_len = 0, best_j = n;
+  for (size_t j = n - 1; j-- > 0;) {
+    size_t len = 0;
+    while (len < kMaxContext && len <= j && history_[j - len] == history_[n - 1 - len]) ++len;
+    if (len > best_len) {
+      best_len = len;
+      best_j = j;
+      if (len == kMaxContext) break;
+    }
+  }
+  if (best_len == 0) return history_.back();
+  return history_[best_j + 1];
+}
+
+StepKinds::Choice StepKinds::next() const {
+  Choice c;
+  const std::optional<uint64_t> kind = predict();
+  if (!kind) return c;
+  c.kind = *kind;
+  auto it = kinds_.find(*kind);
+  if (it != kinds_.end() && it->second.plan >= 0) {
+    c.profile = false;
+    c.plan = it->second.plan;
+  }
+  return c;
+}
+
+bool StepKinds::finish(const Choice& c, uint64_t signature, bool diverged) {
+  history_.push_back(signature);
+  if (history_.size() > kWindow) history_.pop_front();
+  const bool missed = !c.profile && (diverged || signature != c.kind);
+  missed_.push_back(missed ? 1 : 0);
+  if (missed_.size() > kMissWindow) missed_.pop_front();
+  misses_total_ += missed ? 1 : 0;
+  Kind& k = kinds_[signature];
+  if (missed && signature == c.kind) {
+    // The same ops, yet the replay left the profile (a saved tensor or a node differed): this
+    // kind's plan no longer describes its steps; record it again.
+    k = Kind{};
+    return false;
+  }
+  if (!c.profile) return false;
+  ++k.profiled;
+  ++recorded_;
+  return k.plan < 0 && (k.profiled >= warmup_ || (!any_plan_ && recorded_ >= warmup_));
+}
+
+void StepKinds::set_plan(uint64_t kind, int plan) {
+  kinds_[kind].plan = plan;
+  any_plan_ = true;
+}
+
+std::optional<std::string> StepKinds::give_up() const {
+  if (kinds_.size() > kMaxKinds) {
+    return fmt::format("the training step ran {} different op sequences (shapes or ops change from step to "
+                       "step; at most {} are planned)",
+                       kinds_.size(), kMaxKinds);
+  }
+  const auto recent = static_cast<size_t>(std::count(missed_.begin(), missed_.end(), 1));
+  if (recent >= kMaxMisses) {
+    return fmt::format("{} of the last {} steps ran other ops than predicted (the steps follow no "
+                       "repeating pattern)",
+                       recent, missed_.size());
+  }
+  return std::nullopt;
+}
+
+bool StepKinds::settled_on(uint64_t kind, size_t n) const {
+  if (n == 0 || history_.size() < n) return false;
+  return std::all_of(history_.end() - static_cast<std::ptrdiff_t>(n), history_.end(),
+                     [&](uint64_t s) { return s == kind; });
+}
+
+std::vector<uint64_t> StepKinds::recent(size_t n) const {
+  const size_t k = std::min(n, history_.size());
+  return std::vector<uint64_t>(history_.end() - static_cast<std::ptrdiff_t>(k), history_.end());
+}
+
+int StepKinds::plan_of(uint64_t kind) const {
+  auto it = kinds_.find(kind);
+  return it == kinds_.end() ? -1 : it->second.plan;
+}
+
+}  // namespace memplan

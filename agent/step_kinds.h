@@ -1,0 +1,84 @@
+// Which kind of training step comes next, and when to stop trying.
+//
+// A script may run several different steps in turn: a GAN's discriminator and generator steps,
+// two losses with a backward each, a smaller last batch per epoch. Each op sequence (a "kind",
+// named by its signature, Profile::signature) gets its own profiles and its own plan, and the
+// plan has to be chosen at the step's first op, before anything tells the kinds apart. So the
+// next kind is predicted from the ones before it; a wrong guess is a divergence (the replay
+// stops evicting and rebuilds on demand), never a wrong gradient.
+//
+// And a script whose step changes all the time (a new sequence length every batch) would be
+// profiled and planned over and over, each plan costing about a second: after too many kinds or
+// too many misses, give_up() says why, and the agent runs plain PyTorch from there on.
+//
+// Pure bookkeeping, no torch: unit-tested in tests/unit/test_step_kinds.cpp.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace memplan {
+
+class StepKinds {
+ public:
+  static constexpr size_t kWindow = 64;     // steps of history the prediction looks at
+  static constexpr size_t kMaxContext = 16; // longest history suffix matched
+  static constexpr size_t kMaxKinds = 8;    // more different op sequences: give up
+  static constexpr size_t kMissWindow = 16; // give up at kMaxMisses wrong guesses in this many steps
+  static constexpr size_t kMaxMisses = 4;
+
+  // `warmup`: full records of a kind before it is planned (MEMPLAN_WARMUP).
+  explicit StepKinds(int warmup) : warmup_(warmup < 1 ? 1 : warmup) {}
+
+  // What the next step does: record it whole (its kind has no plan yet, or nothing is known),
+  // or replay the predicted kind's plan (`plan` >= 0, an index the caller gave in set_plan).
+  struct Choice {
+    bool profile = true;
+    uint64_t kind = 0;
+    int plan = -1;
+  };
+  Choice next() const;
+
+  // The step chosen as `c` ended, and ran op sequence `signature`; `diverged`: its replay left
+  // the plan's profile. True when that kind has no plan and is due one: it has been recorded
+  // whole `warmup` times, or it is the last of the run's first `warmup` steps (the warm-up: a
+  // script's first step often runs setup ops the later ones do not). The caller plans it and
+  // calls set_plan.
+  bool finish(const Choice& c, uint64_t signature, bool diverged);
+  void set_plan(uint64_t kind, int plan);
+
+  // Why to stop planning and run plain from here on; nullopt while the steps settle.
+  std::optional<std::string> give_up() const;
+  // The last n steps were all of this kind (n >= 1).
+  bool settled_on(uint64_t kind, size_t n) const;
+  // The kinds of the last min(n, history) steps, oldest first.
+  std::vector<uint64_t> recent(size_t n) const;
+  // The plan index set for `kind`, or -1.
+  int plan_of(uint64_t kind) const;
+
+  // The kind that follows the history: what followed the latest earlier occurrence of the
+  // longest history suffix seen before (up to kMaxContext steps); with none, the last kind.
+  // Cost: O(kWindow * kMaxContext) compares, once per step.
+  std::optional<uint64_t> predict() const;
+  size_t kinds() const { return kinds_.size(); }
+  int64_t misses() const { return misses_total_; }
+
+ private:
+  struct Kind {
+    int profiled = 0;  // whole records so far
+    int plan = -1;
+  };
+  int warmup_;
+  std::deque<uint64_t> history_;
+  std::deque<char> missed_;  // per step of the last kMissWindow: a replay guessed wrong
+  std::unordered_map<uint64_t, Kind> kinds_;
+  int64_t misses_total_ = 0;
+  int recorded_ = 0;         // steps recorded whole, all kinds
+  bool any_plan_ = false;
+};
+
+}  // namespace memplan
