@@ -268,6 +268,10 @@ def main():
     if args.times:
         with open(args.times, "w") as f:
             json.dump(times, f)
+    if args.distributed:
+        # PyTorch's documented shutdown: without it gloo's worker threads may still be alive at
+        # interpreter exit and abort the process ("terminate called without an active exception").
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
