@@ -21,7 +21,12 @@ int64_t float_size(const std::string& dtype) {
 // input's shape whose elements are all +0 or one scale. It is packed inside the op and is none of its outputs. The fused kernel saves a
 // one-byte mask already (and its bytes are not input numel x float size, so the rule skips it).
 // Cost: compacting is about one pass over the tensor, expanding another; both are priced as two
-// elementwise passes at the profile's own median rate for add/mul/sub/div (time per output byte).
+// elementwise passes at the profile's own median rate for add/mul/sub/div (time per output byte)
+// over ops of at least kRateMinBytes: a small op's time is the dispatcher's fixed cost, not a rate
+// (a GAN step's only add, of two scalar losses, gave 1.2 us per byte and priced compacting a 256 KiB
+// mask at 0.6 s). Never more than the dropout op itself, which makes the mask and uses it.
+constexpr int64_t kRateMinBytes = 64 * 1024;
+
 void find_masks(const Profile& p, Graph* g) {
   const size_t nv = p.values.size();
   g->compact_bytes.assign(nv, 0);
@@ -32,7 +37,7 @@ void find_masks(const Profile& p, Graph* g) {
   for (size_t i = 0; i < p.forward.size(); ++i) {
     const std::string& n = p.forward[i].name;
     if ((n == "aten::add" || n == "aten::mul" || n == "aten::sub" || n == "aten::div") &&
-        g->out_bytes[i] > 0 && p.forward[i].time_us > 0)
+        g->out_bytes[i] >= kRateMinBytes && p.forward[i].time_us > 0)
       rates.push_back(p.forward[i].time_us / static_cast<double>(g->out_bytes[i]));
   }
   double rate = -1;
@@ -55,7 +60,7 @@ void find_masks(const Profile& p, Graph* g) {
     for (int64_t d : in.shape) numel *= d;
     if (es == 0 || numel <= 0 || val.bytes != numel * es) continue;
     g->compact_bytes[v] = numel;  // one byte per element; the scale is a 0-dim tensor
-    g->compact_us[v] = rate > 0 ? 2 * rate * static_cast<double>(val.bytes) : 0.05 * op.time_us;
+    g->compact_us[v] = rate > 0 ? std::min(2 * rate * static_cast<double>(val.bytes), op.time_us) : 0.05 * op.time_us;
     g->op_mask[val.producer] = static_cast<int64_t>(v);
   }
 }
