@@ -1,4 +1,6 @@
-// The agent: the state machine warm-up -> plan -> replay, fed by hooks/ and the boot shim.
+// The agent: the state machine warm-up -> plan -> replay, fed by hooks/ and the boot shim. Each
+// kind of step (op sequence, step_kinds.h) is profiled and planned on its own; every step either
+// is recorded whole or replays the plan of the kind predicted for it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
