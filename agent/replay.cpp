@@ -9,6 +9,7 @@
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/utils/schema_info.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
 
@@ -375,6 +376,23 @@ void Replayer::check_divergence(int64_t op, uint64_t hash, const char* name) {
   }
 }
 
+// Which arguments an op may write: its schema's (a!) annotations, and the writes schemas do not
+// declare, which torch's SchemaInfo knows: aten::batch_norm, native_batch_norm, instance_norm and
+// their kin update running_mean / running_var in training mode with no annotation (a re-run must
+// not update them a second time), rrelu_with_noise writes `noise`. Asked without argument values,
+// so a training flag counts as true: at worst an eval-mode re-run clones two small buffers.
+// Cost: one SchemaInfo per operator per Replayer (cached by schema address), then a map lookup.
+const std::vector<char>& Replayer::written_args(const c10::FunctionSchema& schema) {
+  auto it = written_by_schema_.find(&schema);
+  if (it != written_by_schema_.end()) return it->second;
+  torch::utils::SchemaInfo info(schema);
+  std::vector<char> out(schema.arguments().size(), 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = info.is_mutable(c10::SchemaArgument(c10::SchemaArgType::input, i)) ? 1 : 0;
+  }
+  return written_by_schema_.emplace(&schema, std::move(out)).first->second;
+}
+
 void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
   if (static_cast<size_t>(op) >= recipes_.size()) {
     recipes_.resize(op + 1);
@@ -399,11 +417,11 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
   if (inputs.size() != schema.arguments().size()) return;  // kwarg-only oddities: not rebuildable
   r.valid = true;
   r.args.resize(inputs.size());
+  const std::vector<char>& written = written_args(schema);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const c10::IValue& iv = inputs[i];
     Arg& a = r.args[i];
-    const auto* alias = schema.arguments()[i].alias_info();
-    a.written = alias != nullptr && alias->isWrite();
+    a.written = written[i] != 0;
     auto add = [&](const at::Tensor& t) {
       a.tensors.push_back(source_of(t, /*unknown_is_external=*/hold_externals(op)));
       a.requires_grad.push_back(t.defined() && t.requires_grad());

@@ -169,6 +169,9 @@ class Replayer {
   // Per fwd op: a rebuild may re-run it, so it gets a recipe and holds its inputs from before the
   // step (ctor).
   std::vector<char> hold_externals_;
+  // Per operator schema: which arguments it may write (written_args).
+  std::unordered_map<const c10::FunctionSchema*, std::vector<char>> written_by_schema_;
+  const std::vector<char>& written_args(const c10::FunctionSchema& schema);
   bool hold_externals(int64_t op) const;
   std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;
   std::unordered_map<int64_t, std::vector<int64_t>> release_after_;

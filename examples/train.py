@@ -48,7 +48,7 @@ def parse():
                    help="GPT-2: comma-separated sequence lengths, one per forward/backward in turn (with "
                         "--accum 2 and two lengths: two kinds of step that alternate)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
-    p.add_argument("--dump", help="torch.save losses and every gradient of every step here")
+    p.add_argument("--dump", help="torch.save losses, every gradient and every buffer of every step here")
     p.add_argument("--profile-step", type=int, default=-1,
                    help="write top-level forward op names and the memory peak of this step (torch.profiler)")
     p.add_argument("--saved-bytes-step", type=int, default=-1,
@@ -161,7 +161,7 @@ def main():
     data = torch.utils.data.DataLoader(Loader(args.model, args.steps, args), batch_size=None,
                                        num_workers=args.workers)
     it = iter(data)
-    record = {"loss": [], "grads": []}
+    record = {"loss": [], "grads": [], "buffers": []}
     logged = []
     times = []
     user_prof = None
@@ -263,6 +263,8 @@ def main():
                 record["loss"].append(torch.tensor(total))
                 record["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()
                                         if p.grad is not None})
+                # Buffers too: BatchNorm's running statistics are part of the result.
+                record["buffers"].append({n: b.detach().clone() for n, b in model.named_buffers()})
     if args.dump:
         torch.save(record, args.dump)
     if args.times:

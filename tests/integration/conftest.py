@@ -69,6 +69,11 @@ def assert_same_dumps(a, b):
         assert ga.keys() == gb.keys()
         for name in ga:
             assert torch.equal(ga[name], gb[name]), f"step {step}: gradient of {name} differs"
+    assert len(ra["buffers"]) == len(rb["buffers"])
+    for step, (ba, bb) in enumerate(zip(ra["buffers"], rb["buffers"])):
+        assert ba.keys() == bb.keys()
+        for name in ba:
+            assert torch.equal(ba[name], bb[name]), f"step {step}: buffer {name} differs"
 
 
 def nvtx_recorder(tmp):
