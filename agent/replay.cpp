@@ -357,7 +357,8 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
   if (ext != externals_.end() || unknown_is_external) {
     src.kind = TensorSource::Kind::External;
     src.external = t;
-    externals_.emplace(t.unsafeGetTensorImpl(), t);
+    src.external_version = version;
+    externals_.emplace(t.unsafeGetTensorImpl(), External{t, version});
     return src;
   }
   return src;  // None: the caller decides (an op's internal tensor)
@@ -601,12 +602,59 @@ void drop(SavedState& s) {
 
 }  // namespace
 
+// Cost: one version read per external captured this step (parameters, inputs, buffers).
+bool Replayer::externals_changed() const {
+  for (const auto& [impl, e] : externals_) {
+    if (e.tensor.defined() && e.tensor._version() != e.version) return true;
+  }
+  return false;
+}
+
+// The whole chain a rebuild might re-run (every slot taken as gone: what is alive now may not be
+// then), each op once.
+bool Replayer::chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth) const {
+  if (depth > kMaxDepth) return true;
+  switch (src.kind) {
+    case TensorSource::Kind::External:
+      return src.external.defined() && src.external._version() != src.external_version;
+    case TensorSource::Kind::None:
+      return true;
+    case TensorSource::Kind::Slot:
+    case TensorSource::Kind::Internal:
+      break;
+  }
+  if (src.op < 0 || static_cast<size_t>(src.op) >= recipes_.size()) return true;
+  if (seen[src.op]) return false;
+  seen[src.op] = 1;
+  for (const Arg& a : recipes_[src.op].args) {
+    for (const TensorSource& t : a.tensors) {
+      if (chain_reads_changed_external(t, seen, depth + 1)) return true;
+    }
+  }
+  return false;
+}
+
 void Replayer::evict_after(int64_t op) {
+  // Rare: something wrote an external in place since a recipe captured it. Then each eviction's
+  // chain is checked, and a value whose rebuild would read the new contents is kept.
+  const bool changed = externals_changed();
+  if (changed) {
+    log_once("external-written", LogLevel::Info,
+             "an input of a recomputable op was written in place during the step (a buffer updated "
+             "in the forward): values whose recomputation would read it are kept, not evicted");
+  }
   for (int64_t v : evict_after_[op]) {
     each_resident(handles_, v, [&](SavedState& s) {
       if (s.source.kind == TensorSource::Kind::External || !rebuildable(s.source)) {
         ++stats_.not_rebuildable;
         return;
+      }
+      if (changed) {
+        std::vector<char> seen(recipes_.size(), 0);
+        if (chain_reads_changed_external(s.source, seen, 0)) {
+          ++stats_.not_rebuildable;
+          return;
+        }
       }
       drop(s);
       ++stats_.evicted;
@@ -713,6 +761,13 @@ at::Tensor Replayer::resolve(const TensorSource& src, Memo& memo, int depth) {
   if (depth > kMaxDepth) throw std::runtime_error("memplan: rebuild chain too deep");
   switch (src.kind) {
     case TensorSource::Kind::External:
+      // Written in place after the value was evicted: its old contents are gone, and re-running
+      // with the new ones would give another tensor. Fail loudly rather than differ silently.
+      if (src.external.defined() && src.external._version() != src.external_version) {
+        throw std::runtime_error(
+            "memplan: an input of a recomputed op was written in place after its value was evicted; "
+            "cannot rebuild it bit for bit (set MEMPLAN_DISABLE=1 for this script)");
+      }
       return src.external;
     case TensorSource::Kind::Slot: {
       at::Tensor base = slot_tensor(src.op, src.index, memo, depth);

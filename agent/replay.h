@@ -199,7 +199,15 @@ class Replayer {
   std::vector<int64_t> seq_begin_;  // per fwd op: its first autograd sequence number
   std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> slot_by_impl_;
   std::unordered_map<const c10::StorageImpl*, std::pair<int64_t, int64_t>> slot_by_storage_;
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> externals_;
+  struct External {
+    at::Tensor tensor;
+    uint32_t version = 0;  // when first captured this step
+  };
+  std::unordered_map<const c10::TensorImpl*, External> externals_;
+  // Whether a rebuild of `src` could read an external written in place since it was captured
+  // (a buffer a module updates in its own forward, under no_grad): such a value is not evicted.
+  bool externals_changed() const;
+  bool chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth) const;
   std::unordered_map<int64_t, std::pair<int64_t, int64_t>> value_slot_;  // value -> latest slot
   std::vector<Pending> pending_;
   std::unordered_map<int64_t, std::vector<std::weak_ptr<SavedState>>> handles_;  // by value

@@ -31,6 +31,7 @@ struct TensorSource {
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;
   at::Tensor external;
+  uint32_t external_version = 0;  // External: its version when captured (a re-run needs that value)
 };
 
 struct SavedState {

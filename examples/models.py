@@ -74,6 +74,13 @@ class GPT2(nn.Module):
         t = idx.size(1)
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.tok(idx) + self.pos(pos))
+        if hasattr(self, "shift"):
+            # A hand-kept running statistic: added, then updated in place within the forward.
+            # Autograd saves nothing of it (add's backward needs neither input), so this is fine
+            # in plain PyTorch; a recomputation of the add must still see the value it had here.
+            x = x + self.shift
+            with torch.no_grad():
+                self.shift.mul_(0.5).add_(x.mean(dim=(0, 1)))
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.ln(x))
@@ -145,11 +152,14 @@ class LSTMModel(nn.Module):
 ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 
 
-def build(name, small=False):
+def build(name, small=False, shift_buffer=False):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024)
     if name == "gpt2":
-        return GPT2(layers=2 if small else 4, d=64 if small else 128)
+        m = GPT2(layers=2 if small else 4, d=64 if small else 128)
+        if shift_buffer:
+            m.register_buffer("shift", torch.zeros(m.tok.embedding_dim))
+        return m
     if name == "cnn":
         return CNN(width=8 if small else 32)
     if name == "views":

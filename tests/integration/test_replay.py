@@ -217,6 +217,18 @@ def test_a_step_that_keeps_changing_falls_back_to_plain_pytorch(runner, plain_ru
     assert p.stderr.count("planning took") <= 1
 
 
+def test_a_buffer_written_in_the_forward_is_never_read_new_by_a_recompute(runner, plain_runs):
+    # The model adds a buffer to its embeddings, then updates the buffer in place (under no_grad)
+    # in the same forward. Autograd saves nothing of it, so plain PyTorch is fine; a recompute of
+    # the add would read the updated buffer and differ (it did: other losses from the first
+    # replayed step). Values whose rebuild would read it are kept instead.
+    extra = ["--shift-buffer"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    assert "written in place during the step" in p.stderr
+    r = report["replay"][0]
+    assert r["not_rebuildable"] > 0 and r["rebuilt"] == r["evicted"]
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))
