@@ -780,7 +780,11 @@ at::Tensor Replayer::resolve(const TensorSource& src, Memo& memo, int depth) {
       if (memo.pack_uses.find(key) == memo.pack_uses.end()) memo.pack_uses[key] = 1;
       run_op(src.op, memo, depth + 1);
       at::Tensor t = take(memo.packs, memo.pack_uses, key);
-      if (!t.defined()) throw std::runtime_error("memplan: re-run packed fewer tensors");
+      if (!t.defined()) {
+        const Recipe& r = recipes_.at(src.op);
+        throw std::runtime_error(fmt::format("memplan: re-run packed fewer tensors (forward op {} {}, pack {})", src.op,
+                                             r.op ? r.op->schema().name() : "?", src.index));
+      }
       return t;
     }
     case TensorSource::Kind::None:
@@ -837,8 +841,17 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
     at::Tensor t = resolve(src, memo, depth);
     if (!t.defined()) return t;
     // Never let a re-run write a live tensor (BatchNorm running stats, in-place ops): scratch.
-    t = written ? t.detach().clone(at::MemoryFormat::Preserve) : t.detach();
+    // An argument that required grad gets it again, so the re-run records and packs as the
+    // original did. A written one is cloned after that, with grad mode on (a rebuild mostly runs
+    // inside backward, where it is off), so it is no leaf: an in-place op on a leaf that requires
+    // grad is an error (hardswish_ on a BatchNorm output, in MobileNetV3).
+    t = t.detach();
     if (requires_grad) t.requires_grad_(true);
+    if (written) {
+      AgentScope scope;  // not an op of the step
+      at::AutoGradMode grad(requires_grad);
+      t = t.clone(at::MemoryFormat::Preserve);
+    }
     return t;
   };
   for (const Arg& a : r.args) {

@@ -87,14 +87,17 @@ class GPT2(nn.Module):
 
 
 class CNN(nn.Module):
-    def __init__(self, classes=10, width=32):
+    def __init__(self, classes=10, width=32, hardswish=False):
         super().__init__()
         w = width
+        act = nn.Hardswish if hardswish else nn.ReLU
         self.features = nn.Sequential(
-            nn.Conv2d(3, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(),
-            nn.Conv2d(w, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(),
-            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(), nn.MaxPool2d(2),
+            # In-place activations on the BatchNorm outputs, as torchvision's models have them
+            # (hardswish: MobileNetV3's, whose in-place autograd saves a copy of its input).
+            nn.Conv2d(3, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(inplace=True),
+            nn.Conv2d(w, w, 3, padding=1), nn.BatchNorm2d(w), act(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), act(inplace=True),
+            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(inplace=True), nn.MaxPool2d(2),
         )
         self.head = nn.Linear(2 * w * 8 * 8, classes)
 
@@ -152,7 +155,7 @@ class LSTMModel(nn.Module):
 ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 
 
-def build(name, small=False, shift_buffer=False):
+def build(name, small=False, shift_buffer=False, hardswish=False):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024)
     if name == "gpt2":
@@ -161,7 +164,7 @@ def build(name, small=False, shift_buffer=False):
             m.register_buffer("shift", torch.zeros(m.tok.embedding_dim))
         return m
     if name == "cnn":
-        return CNN(width=8 if small else 32)
+        return CNN(width=8 if small else 32, hardswish=hardswish)
     if name == "views":
         return ViewsInplace()
     if name == "tied":

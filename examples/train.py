@@ -44,6 +44,7 @@ def parse():
                    help="compute the loss under the script's own saved_tensors_hooks; print how many packs they saw")
     p.add_argument("--inplace-error", action="store_true", help="modify a saved tensor in place (autograd error)")
     p.add_argument("--seq-change-at", type=int, default=-1, help="GPT-2: sequence length changes from this step")
+    p.add_argument("--hardswish", action="store_true", help="CNN: in-place Hardswish activations (MobileNetV3's)")
     p.add_argument("--shift-buffer", action="store_true",
                    help="GPT-2: a buffer added to the embeddings and updated in place in the same forward")
     p.add_argument("--seq-cycle", default="",
@@ -143,7 +144,8 @@ def main():
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
-    model = models.build(args.model, small=args.small, shift_buffer=args.shift_buffer).to(args.device)
+    model = models.build(args.model, small=args.small, shift_buffer=args.shift_buffer,
+                         hardswish=args.hardswish).to(args.device)
     if args.distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     if args.checkpoint:

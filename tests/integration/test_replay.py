@@ -229,6 +229,18 @@ def test_a_buffer_written_in_the_forward_is_never_read_new_by_a_recompute(runner
     assert r["not_rebuildable"] > 0 and r["rebuilt"] == r["evicted"]
 
 
+def test_inplace_activations_are_rebuilt_on_a_scratch_copy_that_is_no_leaf(runner, plain_runs):
+    # conv -> BatchNorm -> hardswish_ (MobileNetV3's block). A rebuild re-runs hardswish_ on a
+    # scratch copy of the BatchNorm output; that copy required grad and was a leaf, and an in-place
+    # op on such a leaf is an error: backward raised and the script died (MobileNetV3 at 50%).
+    # Made inside backward (grad mode off), the copy must still record, or hardswish_ saves nothing.
+    extra = ["--hardswish"]
+    p, report = identical_replay(runner, plain_runs, "cnn", "50%", extra)
+    r = report["replay"][0]
+    assert r["evicted"] > 0 and r["rebuilt"] == r["evicted"] and r["on_demand"] == 0
+    assert "recompute failed" not in p.stderr and "could not restore" not in p.stderr
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))
