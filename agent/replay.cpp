@@ -308,6 +308,7 @@ void Replayer::begin_step() {
   slot_by_impl_.clear();
   slot_by_storage_.clear();
   externals_.clear();
+  snapshots_.clear();
   value_slot_.clear();
   pending_.clear();
   handles_.clear();
@@ -426,6 +427,12 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
     auto add = [&](const at::Tensor& t) {
       a.tensors.push_back(source_of(t, /*unknown_is_external=*/hold_externals(op)));
       a.requires_grad.push_back(t.defined() && t.requires_grad());
+      // This op writes an external (StochasticDepth's noise: empty, then bernoulli_ and div_ in
+      // place): keep its contents from before the write, for any re-run that reads them.
+      const TensorSource& src = a.tensors.back();
+      if (a.written && src.kind == TensorSource::Kind::External && src.external.defined()) {
+        snapshot_external(src.external, src.external_version);
+      }
     };
     if (iv.isTensor()) {
       a.kind = Arg::Kind::Tensor;
@@ -602,12 +609,30 @@ void drop(SavedState& s) {
 
 }  // namespace
 
+void Replayer::snapshot_external(const at::Tensor& t, uint32_t version) {
+  const std::pair<const c10::TensorImpl*, uint32_t> key{t.unsafeGetTensorImpl(), version};
+  if (snapshots_.count(key)) return;
+  AgentScope scope;  // not an op of the step
+  at::NoGradGuard no_grad;
+  snapshots_.emplace(key, t.detach().clone(at::MemoryFormat::Preserve));
+}
+
+// An external as a re-run must read it: itself if unchanged since `src` captured it, else its
+// snapshot from then (snapshot_external); undefined if neither.
+at::Tensor Replayer::external_as_captured(const TensorSource& src) const {
+  if (!src.external.defined() || src.external._version() == src.external_version) return src.external;
+  auto it = snapshots_.find({src.external.unsafeGetTensorImpl(), src.external_version});
+  return it == snapshots_.end() ? at::Tensor() : it->second;
+}
+
 // Cost: one version read per external captured this step (parameters, inputs, buffers).
-bool Replayer::externals_changed() const {
+const at::Tensor* Replayer::externals_changed() const {
   for (const auto& [impl, e] : externals_) {
-    if (e.tensor.defined() && e.tensor._version() != e.version) return true;
+    if (e.tensor.defined() && e.tensor._version() != e.version && !snapshots_.count({impl, e.version})) {
+      return &e.tensor;
+    }
   }
-  return false;
+  return nullptr;
 }
 
 // The whole chain a rebuild might re-run (every slot taken as gone: what is alive now may not be
@@ -616,7 +641,7 @@ bool Replayer::chain_reads_changed_external(const TensorSource& src, std::vector
   if (depth > kMaxDepth) return true;
   switch (src.kind) {
     case TensorSource::Kind::External:
-      return src.external.defined() && src.external._version() != src.external_version;
+      return src.external.defined() && !external_as_captured(src).defined();
     case TensorSource::Kind::None:
       return true;
     case TensorSource::Kind::Slot:
@@ -637,11 +662,14 @@ bool Replayer::chain_reads_changed_external(const TensorSource& src, std::vector
 void Replayer::evict_after(int64_t op) {
   // Rare: something wrote an external in place since a recipe captured it. Then each eviction's
   // chain is checked, and a value whose rebuild would read the new contents is kept.
-  const bool changed = externals_changed();
+  const at::Tensor* written = externals_changed();
+  const bool changed = written != nullptr;
   if (changed) {
     log_once("external-written", LogLevel::Info,
-             "an input of a recomputable op was written in place during the step (a buffer updated "
-             "in the forward): values whose recomputation would read it are kept, not evicted");
+             fmt::format("an input of a recomputable op ({} {}) was written in place during the step (a "
+                         "buffer updated in the forward): values whose recomputation would read it are "
+                         "kept, not evicted",
+                         c10::toString(written->scalar_type()), c10::str(written->sizes())));
   }
   for (int64_t v : evict_after_[op]) {
     each_resident(handles_, v, [&](SavedState& s) {
@@ -763,12 +791,11 @@ at::Tensor Replayer::resolve(const TensorSource& src, Memo& memo, int depth) {
     case TensorSource::Kind::External:
       // Written in place after the value was evicted: its old contents are gone, and re-running
       // with the new ones would give another tensor. Fail loudly rather than differ silently.
-      if (src.external.defined() && src.external._version() != src.external_version) {
-        throw std::runtime_error(
-            "memplan: an input of a recomputed op was written in place after its value was evicted; "
-            "cannot rebuild it bit for bit (set MEMPLAN_DISABLE=1 for this script)");
-      }
-      return src.external;
+      if (!src.external.defined()) return src.external;
+      if (at::Tensor t = external_as_captured(src); t.defined()) return t;
+      throw std::runtime_error(
+          "memplan: an input of a recomputed op was written in place after its value was evicted; "
+          "cannot rebuild it bit for bit (set MEMPLAN_DISABLE=1 for this script)");
     case TensorSource::Kind::Slot: {
       at::Tensor base = slot_tensor(src.op, src.index, memo, depth);
       if (!src.view) return base;

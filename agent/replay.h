@@ -206,7 +206,11 @@ class Replayer {
   std::unordered_map<const c10::TensorImpl*, External> externals_;
   // Whether a rebuild of `src` could read an external written in place since it was captured
   // (a buffer a module updates in its own forward, under no_grad): such a value is not evicted.
-  bool externals_changed() const;
+  const at::Tensor* externals_changed() const;  // the first that changed unsnapshotted, or null
+  // Externals a recorded op wrote in place, as they were before: (tensor, version) -> copy.
+  std::map<std::pair<const c10::TensorImpl*, uint32_t>, at::Tensor> snapshots_;
+  void snapshot_external(const at::Tensor& t, uint32_t version);
+  at::Tensor external_as_captured(const TensorSource& src) const;
   bool chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth) const;
   std::unordered_map<int64_t, std::pair<int64_t, int64_t>> value_slot_;  // value -> latest slot
   std::vector<Pending> pending_;

@@ -74,6 +74,11 @@ class GPT2(nn.Module):
         t = idx.size(1)
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.tok(idx) + self.pos(pos))
+        if getattr(self, "stochastic_depth", False) and self.training:
+            # torchvision's StochasticDepth(mode="row"): a noise tensor made by `empty`, then
+            # written in place by bernoulli_ and div_ (ops a rebuild re-runs).
+            noise = torch.empty(x.size(0), 1, 1, device=x.device).bernoulli_(0.9).div_(0.9)
+            x = x * noise
         if hasattr(self, "shift"):
             # A hand-kept running statistic: added, then updated in place within the forward.
             # Autograd saves nothing of it (add's backward needs neither input), so this is fine
@@ -155,13 +160,14 @@ class LSTMModel(nn.Module):
 ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 
 
-def build(name, small=False, shift_buffer=False, hardswish=False):
+def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024)
     if name == "gpt2":
         m = GPT2(layers=2 if small else 4, d=64 if small else 128)
         if shift_buffer:
             m.register_buffer("shift", torch.zeros(m.tok.embedding_dim))
+        m.stochastic_depth = stochastic_depth
         return m
     if name == "cnn":
         return CNN(width=8 if small else 32, hardswish=hardswish)

@@ -45,6 +45,8 @@ def parse():
     p.add_argument("--inplace-error", action="store_true", help="modify a saved tensor in place (autograd error)")
     p.add_argument("--seq-change-at", type=int, default=-1, help="GPT-2: sequence length changes from this step")
     p.add_argument("--hardswish", action="store_true", help="CNN: in-place Hardswish activations (MobileNetV3's)")
+    p.add_argument("--stochastic-depth", action="store_true",
+                   help="GPT-2: a row-wise stochastic-depth noise (empty, bernoulli_, div_) on the embeddings")
     p.add_argument("--shift-buffer", action="store_true",
                    help="GPT-2: a buffer added to the embeddings and updated in place in the same forward")
     p.add_argument("--seq-cycle", default="",
@@ -145,7 +147,7 @@ def main():
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     model = models.build(args.model, small=args.small, shift_buffer=args.shift_buffer,
-                         hardswish=args.hardswish).to(args.device)
+                         hardswish=args.hardswish, stochastic_depth=args.stochastic_depth).to(args.device)
     if args.distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     if args.checkpoint:
