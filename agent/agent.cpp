@@ -261,9 +261,21 @@ void Agent::restore_pack_hooks() {
 void Agent::optimizer_step_begin(bool differentiable) {
   if (inert_ || differentiable || phase_ == Phase::Done) return;
   quiet_ops_begin();
+  opt_live_before_ = recording() && recorder_.in_step() ? recorder_.live() : -1;
 }
 
-void Agent::optimizer_step_end() { quiet_ops_end(); }
+void Agent::optimizer_step_end() {
+  // State the optimizer kept (made lazily by its first step: SGD's momentum, Adam's moments) is
+  // no activation of the step whose window the step fell in: without this, a script that records
+  // ops between backward and the optimizer step (logging grad clones) profiled its first steps
+  // with tens of MiB of "activation" that no later step has.
+  if (opt_live_before_ >= 0 && recording() && recorder_.in_step()) {
+    const int64_t kept = recorder_.live() - opt_live_before_;
+    if (kept > 0) recorder_.raise_baseline(kept);
+  }
+  opt_live_before_ = -1;
+  quiet_ops_end();
+}
 
 void Agent::backward_begin() {
   if (inert_) return;

@@ -117,6 +117,7 @@ class Agent final : public OpSink {
   std::chrono::steady_clock::time_point last_backward_end_;
   std::vector<double> iteration_us_[3];  // iterations that recorded, ran plainly, replayed
   std::unique_ptr<Profile> replay_profile_;  // the first replayed step, for the trace
+  int64_t opt_live_before_ = -1;    // bytes allocated when the running optimizer step began
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;
   bool our_hooks_on_top() const;

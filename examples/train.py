@@ -44,6 +44,8 @@ def parse():
                    help="compute the loss under the script's own saved_tensors_hooks; print how many packs they saw")
     p.add_argument("--inplace-error", action="store_true", help="modify a saved tensor in place (autograd error)")
     p.add_argument("--seq-change-at", type=int, default=-1, help="GPT-2: sequence length changes from this step")
+    p.add_argument("--log-grads-before-step", action="store_true",
+                   help="like --log-grads, but between backward and the optimizer step")
     p.add_argument("--hardswish", action="store_true", help="CNN: in-place Hardswish activations (MobileNetV3's)")
     p.add_argument("--stochastic-depth", action="store_true",
                    help="GPT-2: a row-wise stochastic-depth noise (empty, bernoulli_, div_) on the embeddings")
@@ -245,6 +247,10 @@ def main():
             # Drop this micro-step's tensors now rather than when the next one rebinds the names,
             # so each step's memory starts from the same state (what torch.profiler measures).
             del x, y, out, loss
+        if args.log_grads_before_step:
+            # Grad clones between backward and the optimizer step (grad mode on): the next step's
+            # window opens here, so it holds the optimizer step, whose first call makes Adam's state.
+            logged.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
         try:
             opt.step()
         except RuntimeError as e:

@@ -69,6 +69,14 @@ class Recorder {
   // Finishes the step; returns the Profile (validated links, fwd_op of every node resolved).
   Profile end_step();
 
+  // Bytes allocated now (the step's memory counter).
+  int64_t live() const { return memory_->live(); }
+  // Memory that stays allocated from here on but is not the step's: an optimizer's state made
+  // by its first step, inside this step's window (ops recorded between a backward and the
+  // optimizer step open the next step). It counts as what was allocated when the step began.
+  void raise_baseline(int64_t bytes) {
+    if (in_step_) profile_.baseline_bytes += bytes;
+  }
   // Time spent inside our own callbacks this step (recording overhead), microseconds.
   void add_overhead_ns(int64_t ns) { overhead_ns_ += ns; }
 
