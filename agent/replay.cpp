@@ -307,6 +307,13 @@ void Replayer::begin_step() {
   rebuildable_op_.clear();
   slot_by_impl_.clear();
   slot_by_storage_.clear();
+  // Externals written in place, unseen, during the last step (a buffer a module updates under
+  // no_grad): copied when captured from now on, so their values can still be evicted.
+  for (const auto& [impl, e] : externals_) {
+    if (e.tensor.defined() && e.tensor._version() != e.version && !snapshots_.count({impl, e.version})) {
+      written_externals_.insert(impl);
+    }
+  }
   externals_.clear();
   snapshots_.clear();
   value_slot_.clear();
@@ -359,7 +366,10 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
     src.kind = TensorSource::Kind::External;
     src.external = t;
     src.external_version = version;
-    externals_.emplace(t.unsafeGetTensorImpl(), External{t, version});
+    if (externals_.emplace(t.unsafeGetTensorImpl(), External{t, version}).second &&
+        written_externals_.count(t.unsafeGetTensorImpl())) {
+      snapshot_external(t, version);
+    }
     return src;
   }
   return src;  // None: the caller decides (an op's internal tensor)

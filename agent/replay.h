@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "agent/saved.h"
@@ -210,6 +211,9 @@ class Replayer {
   // Externals a recorded op wrote in place, as they were before: (tensor, version) -> copy.
   std::map<std::pair<const c10::TensorImpl*, uint32_t>, at::Tensor> snapshots_;
   void snapshot_external(const at::Tensor& t, uint32_t version);
+  // Externals seen written in place (by no op we record) in an earlier step: snapshotted when
+  // captured. Kept across steps; an address reused by another tensor only costs a copy.
+  std::unordered_set<const c10::TensorImpl*> written_externals_;
   at::Tensor external_as_captured(const TensorSource& src) const;
   bool chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth) const;
   std::unordered_map<int64_t, std::pair<int64_t, int64_t>> value_slot_;  // value -> latest slot

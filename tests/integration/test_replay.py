@@ -235,12 +235,16 @@ def test_a_buffer_written_in_the_forward_is_never_read_new_by_a_recompute(runner
     # The model adds a buffer to its embeddings, then updates the buffer in place (under no_grad)
     # in the same forward. Autograd saves nothing of it, so plain PyTorch is fine; a recompute of
     # the add would read the updated buffer and differ (it did: other losses from the first
-    # replayed step). Values whose rebuild would read it are kept instead.
+    # replayed step). In the first replayed step the values whose rebuild would read it are kept;
+    # from the next one on, the buffer is copied when captured, and they are evicted again.
     extra = ["--shift-buffer"]
     p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
     assert "written in place during the step" in p.stderr
     r = report["replay"][0]
     assert r["not_rebuildable"] > 0 and r["rebuilt"] == r["evicted"]
+    peaks = measured_peaks(report)
+    assert max(peaks[1:]) <= report["plan"]["budget_bytes"], (peaks, report["plan"]["budget_bytes"])
+    assert peaks[0] > report["plan"]["budget_bytes"]  # the first one, before the buffer was known
 
 
 def test_an_external_written_by_a_recorded_op_is_rebuilt_from_its_snapshot(runner, plain_runs):
