@@ -55,6 +55,16 @@ def measured_peaks(report):
     return out
 
 
+def assert_peaks_as_predicted(report):
+    """A feasible plan: every replayed step within the budget, the worst within TOLERANCE of the
+    predicted peak."""
+    assert report["plan"]["feasible"]
+    worst = max(measured_peaks(report))
+    assert worst <= report["plan"]["budget_bytes"], (worst, report["plan"]["budget_bytes"])
+    error = worst / report["plan"]["predicted_peak_bytes"] - 1
+    assert abs(error) <= TOLERANCE, error
+
+
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("model", ZOO)
 def test_zoo_bit_identical_within_budget(runner, plain_runs, model, budget):
@@ -122,10 +132,7 @@ def test_autocast_bit_identical_and_weight_cache_not_evicted(runner, plain_runs)
     held = [l for l in p.stderr.splitlines() if "also held outside autograd" in l]
     assert held and "of which 0 B also held" not in held[0], held
     assert sum(r["divergences"] for r in report["replay"]) == 0
-    assert report["plan"]["feasible"]
-    worst = max(measured_peaks(report))
-    assert worst <= report["plan"]["budget_bytes"], (worst, report["plan"]["budget_bytes"])
-    assert abs(worst / report["plan"]["predicted_peak_bytes"] - 1) <= TOLERANCE
+    assert_peaks_as_predicted(report)
 
 
 def test_script_allocating_between_steps_keeps_the_peak_as_predicted(runner, plain_runs):
@@ -134,11 +141,7 @@ def test_script_allocating_between_steps_keeps_the_peak_as_predicted(runner, pla
     before it. The replay must not keep such inputs alive: only ops a rebuild may re-run hold
     them (measured before: +16% over the predicted peak at 35% in such a loop)."""
     p, report = identical_replay(runner, plain_runs, "gpt2", "50%", ["--log-grads"])
-    assert report["plan"]["feasible"]
-    peaks = measured_peaks(report)
-    error = max(peaks) / report["plan"]["predicted_peak_bytes"] - 1
-    assert max(peaks) <= report["plan"]["budget_bytes"], (max(peaks), report["plan"]["budget_bytes"])
-    assert abs(error) <= TOLERANCE, error
+    assert_peaks_as_predicted(report)
 
 
 def test_optimizer_state_made_inside_a_profiled_step_is_no_activation(runner, plain_runs):
@@ -148,11 +151,7 @@ def test_optimizer_state_made_inside_a_profiled_step_is_no_activation(runner, pl
     step's activations (before: every later step measured 30% under the prediction at 35-50%, and
     torchvision resnet18 24% under at 50%, all of it the state)."""
     p, report = identical_replay(runner, plain_runs, "gpt2", "40%", ["--log-grads-before-step"])
-    assert report["plan"]["feasible"]
-    peaks = measured_peaks(report)
-    error = max(peaks) / report["plan"]["predicted_peak_bytes"] - 1
-    assert max(peaks) <= report["plan"]["budget_bytes"], (max(peaks), report["plan"]["budget_bytes"])
-    assert abs(error) <= TOLERANCE, error
+    assert_peaks_as_predicted(report)
 
 
 def test_gpt2_dropout_rebuilt_from_its_compact_mask(runner, plain_runs):
