@@ -142,26 +142,23 @@ void Agent::op_start(const at::RecordFunction& fn) {
   }
   if (choice_.profile) nvtx::range_push(fn.name());
   recorder_.op_start(fn);
-  if (replayer_ && recorder_.current_op() >= 0) {
-    replayer_->op_start(fn, recorder_.current_op(), recorder_.current_random());
-    // An op that saves nothing the plan evicts keeps its saved tensors with autograd, exactly as
-    // without memplan: no Python pack/unpack call for them (measured: the hooks were ~4-5% of a
-    // GPT-2 demo step). Only while our hooks are the innermost: a user's saved_tensors_hooks or
-    // checkpoint above ours stay untouched.
-    if (!replayer_->wants_packs(recorder_.current_op()) && our_hooks_on_top()) {
+  const int64_t op = recorder_.current_op();
+  if (!choice_.profile && op >= 0) {
+    if (replayer_) replayer_->op_start(fn, op, recorder_.current_random());
+    // An op that saves nothing the plan evicts (every op, in a step of a kind whose plan has no
+    // actions) keeps its saved tensors with autograd, exactly as without memplan: no Python
+    // pack/unpack call for them (measured: the hooks were ~4-5% of a GPT-2 demo step). Only while
+    // our hooks are the innermost: a user's saved_tensors_hooks or checkpoint above ours stay
+    // untouched.
+    const bool bypass = !(replayer_ && replayer_->wants_packs(op)) && our_hooks_on_top();
+    if (bypass) {
       packs_prev_tracing_ = at::SavedTensorDefaultHooks::set_tracing(true);
       packs_off_ = true;  // until restore_pack_hooks()
-      ++replayer_->stats().ops_unhooked;
-    } else {
-      ++replayer_->stats().ops_hooked;
     }
-  } else if (!choice_.profile && recorder_.current_op() >= 0 && our_hooks_on_top()) {
-    // A step of a kind whose plan has no actions: nothing to record of its packs either.
-    packs_prev_tracing_ = at::SavedTensorDefaultHooks::set_tracing(true);
-    packs_off_ = true;
+    if (replayer_) ++(bypass ? replayer_->stats().ops_unhooked : replayer_->stats().ops_hooked);
   }
   // Last thing in the start callback: the op's device time should not include our recording.
-  if (timing_device_ && recorder_.current_op() >= 0) device_timer_.op_begin(forward_op_id(recorder_.current_op()));
+  if (timing_device_ && op >= 0) device_timer_.op_begin(forward_op_id(op));
 }
 
 void Agent::op_end(const at::RecordFunction& fn) {
@@ -410,8 +407,9 @@ void Agent::end_step(Profile p) {
 // The recent steps are all of kinds whose plans have no actions: stop observing ops, zero cost
 // from here (a budget above the un-planned peak).
 bool Agent::nothing_to_do() const {
-  const std::vector<uint64_t> recent = kinds_.recent(8);
-  if (static_cast<int>(recent.size()) < std::min(options().warmup, 8)) return false;
+  constexpr int kRecent = 8;  // steps looked at: a first step that differed ages out of them
+  const std::vector<uint64_t> recent = kinds_.recent(kRecent);
+  if (static_cast<int>(recent.size()) < std::min(options().warmup, kRecent)) return false;
   for (uint64_t kind : recent) {
     const int plan = kinds_.plan_of(kind);
     if (plan < 0 || plans_[static_cast<size_t>(plan)].replayer) return false;
@@ -593,15 +591,16 @@ void Agent::finish() {
   in.recorded_step_us = median(iteration_us_[0]);
   in.plain_step_us = median(iteration_us_[1]);
   std::string text = format_summary(profiles_.back(), in);
-  int shown = 0;
-  for (const PlanRecord& rec : plans_) shown += rec.replayer || !rec.info.source.empty();
-  int n = 0;
+  std::vector<const PlanRecord*> shown;
   for (const PlanRecord& rec : plans_) {
-    if (!rec.replayer && rec.info.source.empty()) continue;
+    if (rec.replayer || !rec.info.source.empty()) shown.push_back(&rec);
+  }
+  for (size_t i = 0; i < shown.size(); ++i) {
+    const PlanRecord& rec = *shown[i];
     const std::string source = rec.info.source.empty() ? "none" : rec.info.source;
-    text += replay_summary(rec, shown == 1 ? fmt::format("plan ({})", source)
-                                           : fmt::format("plan {} of {} ({}; step kind {:016x})", ++n,
-                                                         shown, source, rec.kind));
+    text += replay_summary(rec, shown.size() == 1 ? fmt::format("plan ({})", source)
+                                                  : fmt::format("plan {} of {} ({}; step kind {:016x})", i + 1,
+                                                                shown.size(), source, rec.kind));
   }
   if (plans_.size() > 1 || kinds_.misses() > 0) {  // not for a first step that differed
     text += fmt::format("[memplan] step kinds: {} different op sequences seen, {} planned; {} step(s) ran "
@@ -637,10 +636,9 @@ void Agent::write_report(const std::string& path) const {
   // "plans": every plan, one per kind of step (StepKinds), in the order they were made.
   nlohmann::json plans = nlohmann::json::array();
   for (const PlanRecord& rec : plans_) {
-    if (rec.info.source.empty()) continue;
-    plans.push_back(plan_json(rec));
-    j["plan"] = plans.back();
+    if (!rec.info.source.empty()) plans.push_back(plan_json(rec));
   }
+  if (!plans.empty()) j["plan"] = plans.back();
   j["plans"] = plans;
   j["step_kinds"] = {{"kinds", kinds_.kinds()}, {"misses", kinds_.misses()}};
   nlohmann::json reps = nlohmann::json::array();

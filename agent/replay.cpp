@@ -310,9 +310,7 @@ void Replayer::begin_step() {
   // Externals written in place, unseen, during the last step (a buffer a module updates under
   // no_grad): copied when captured from now on, so their values can still be evicted.
   for (const auto& [impl, e] : externals_) {
-    if (e.tensor.defined() && e.tensor._version() != e.version && !snapshots_.count({impl, e.version})) {
-      written_externals_.insert(impl);
-    }
+    if (written_unsnapshotted(impl, e)) written_externals_.insert(impl);
   }
   externals_.clear();
   snapshots_.clear();
@@ -635,12 +633,14 @@ at::Tensor Replayer::external_as_captured(const TensorSource& src) const {
   return it == snapshots_.end() ? at::Tensor() : it->second;
 }
 
+bool Replayer::written_unsnapshotted(const c10::TensorImpl* impl, const External& e) const {
+  return e.tensor.defined() && e.tensor._version() != e.version && !snapshots_.count({impl, e.version});
+}
+
 // Cost: one version read per external captured this step (parameters, inputs, buffers).
 const at::Tensor* Replayer::externals_changed() const {
   for (const auto& [impl, e] : externals_) {
-    if (e.tensor.defined() && e.tensor._version() != e.version && !snapshots_.count({impl, e.version})) {
-      return &e.tensor;
-    }
+    if (written_unsnapshotted(impl, e)) return &e.tensor;
   }
   return nullptr;
 }

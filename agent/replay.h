@@ -208,6 +208,8 @@ class Replayer {
   // Whether a rebuild of `src` could read an external written in place since it was captured
   // (a buffer a module updates in its own forward, under no_grad): such a value is not evicted.
   const at::Tensor* externals_changed() const;  // the first that changed unsnapshotted, or null
+  // Written in place since captured, with no copy from before the write.
+  bool written_unsnapshotted(const c10::TensorImpl* impl, const External& e) const;
   // Externals a recorded op wrote in place, as they were before: (tensor, version) -> copy.
   std::map<std::pair<const c10::TensorImpl*, uint32_t>, at::Tensor> snapshots_;
   void snapshot_external(const at::Tensor& t, uint32_t version);

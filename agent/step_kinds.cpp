@@ -78,12 +78,6 @@ std::optional<std::string> StepKinds::give_up() const {
   return std::nullopt;
 }
 
-bool StepKinds::settled_on(uint64_t kind, size_t n) const {
-  if (n == 0 || history_.size() < n) return false;
-  return std::all_of(history_.end() - static_cast<std::ptrdiff_t>(n), history_.end(),
-                     [&](uint64_t s) { return s == kind; });
-}
-
 std::vector<uint64_t> StepKinds::recent(size_t n) const {
   const size_t k = std::min(n, history_.size());
   return std::vector<uint64_t>(history_.end() - static_cast<std::ptrdiff_t>(k), history_.end());

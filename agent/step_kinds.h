@@ -53,8 +53,6 @@ class StepKinds {
 
   // Why to stop planning and run plain from here on; nullopt while the steps settle.
   std::optional<std::string> give_up() const;
-  // The last n steps were all of this kind (n >= 1).
-  bool settled_on(uint64_t kind, size_t n) const;
   // The kinds of the last min(n, history) steps, oldest first.
   std::vector<uint64_t> recent(size_t n) const;
   // The plan index set for `kind`, or -1.
