@@ -213,9 +213,7 @@ def test_alternating_kinds_of_step_each_replay_their_own_plan(runner, plain_runs
 
 def test_alternating_kinds_above_the_peak_take_no_action(runner, plain_runs):
     extra = ["--accum", "2", "--seq-cycle", "64,32"]
-    stdout, _ = plain_runs("gpt2", extra)
-    p, report = replay(runner, "gpt2", "200%", extra)
-    assert p.stdout == stdout
+    p, report = identical_replay(runner, plain_runs, "gpt2", "200%", extra)
     assert report["phase"] == "done" and report["replay"] == [] and len(report["plans"]) == 2
 
 
