@@ -161,6 +161,14 @@ void Agent::op_start(const at::RecordFunction& fn) {
   if (timing_device_ && op >= 0) device_timer_.op_begin(forward_op_id(op));
 }
 
+// Not part of the step, but it may write a buffer a rebuild reads (under no_grad, in the forward,
+// after the op that read it): the replayer copies it first. Cost while replaying: a few flag
+// checks, then Replayer::before_write's.
+void Agent::untracked_op(const at::RecordFunction& fn) {
+  if (inert_ || phase_ != Phase::Replay || backward_depth_ > 0 || !replayer_ || choice_.profile) return;
+  replayer_->before_write(fn);
+}
+
 void Agent::op_end(const at::RecordFunction& fn) {
   restore_pack_hooks();
   if (inert_ || recorder_.current_op() < 0) return;
@@ -171,6 +179,7 @@ void Agent::op_end(const at::RecordFunction& fn) {
   recorder_.op_end(fn);
   if (replayer_) {
     const bool dropped = recorder_.op_count() < before;
+    if (recorder_.drew_unmarked()) replayer_->forget_recipe(op);
     replayer_->op_end(fn, op, dropped, dropped ? 0 : recorder_.op_hash(op));
   }
   if (choice_.profile) nvtx::range_pop();

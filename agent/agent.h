@@ -36,6 +36,7 @@ class Agent final : public OpSink {
   // OpSink
   void op_start(const at::RecordFunction& fn) override;
   void op_end(const at::RecordFunction& fn) override;
+  void untracked_op(const at::RecordFunction& fn) override;
   void node_start(const at::RecordFunction& fn) override;
   void node_end(const at::RecordFunction& fn) override;
   // Default saved-tensor hooks (called with the GIL held, from the op's autograd kernel).

@@ -307,12 +307,13 @@ void Replayer::begin_step() {
   rebuildable_op_.clear();
   slot_by_impl_.clear();
   slot_by_storage_.clear();
-  // Externals written in place, unseen, during the last step (a buffer a module updates under
-  // no_grad): copied when captured from now on, so their values can still be evicted.
-  for (const auto& [impl, e] : externals_) {
-    if (written_unsnapshotted(impl, e)) written_externals_.insert(impl);
-  }
+  // Externals written in place unseen during the last step, which kept values from being evicted
+  // (or failed a rebuild): copied when captured from now on, so those values can be evicted.
+  written_externals_.insert(refused_by_.begin(), refused_by_.end());
+  refused_by_.clear();
   externals_.clear();
+  external_storage_.clear();
+  overwritten_.clear();
   snapshots_.clear();
   value_slot_.clear();
   pending_.clear();
@@ -364,9 +365,12 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
     src.kind = TensorSource::Kind::External;
     src.external = t;
     src.external_version = version;
-    if (externals_.emplace(t.unsafeGetTensorImpl(), External{t, version}).second &&
-        written_externals_.count(t.unsafeGetTensorImpl())) {
-      snapshot_external(t, version);
+    auto [e, fresh] = externals_.emplace(t.unsafeGetTensorImpl(), External{t, version, version});
+    if (fresh) {
+      if (t.has_storage()) external_storage_.emplace(t.storage().unsafeGetStorageImpl(), t.unsafeGetTensorImpl());
+      if (written_externals_.count(t.unsafeGetTensorImpl())) snapshot_external(t, version);
+    } else {
+      e->second.last_version = version;
     }
     return src;
   }
@@ -409,6 +413,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
     slots_.resize(op + 1);
     rebuildable_op_.resize(op + 1, false);
   }
+  before_write(fn);
   Recipe& r = recipes_[op];
   r = Recipe();
   packs_in_op_ = 0;
@@ -628,59 +633,113 @@ void Replayer::snapshot_external(const at::Tensor& t, uint32_t version) {
 // An external as a re-run must read it: itself if unchanged since `src` captured it, else its
 // snapshot from then (snapshot_external); undefined if neither.
 at::Tensor Replayer::external_as_captured(const TensorSource& src) const {
-  if (!src.external.defined() || src.external._version() == src.external_version) return src.external;
-  auto it = snapshots_.find({src.external.unsafeGetTensorImpl(), src.external_version});
+  if (!src.external.defined()) return src.external;
+  const c10::TensorImpl* impl = src.external.unsafeGetTensorImpl();
+  if (src.external._version() == src.external_version && (overwritten_.empty() || !overwritten_.count(impl))) {
+    return src.external;
+  }
+  auto it = snapshots_.find({impl, src.external_version});
   return it == snapshots_.end() ? at::Tensor() : it->second;
 }
 
 bool Replayer::written_unsnapshotted(const c10::TensorImpl* impl, const External& e) const {
-  return e.tensor.defined() && e.tensor._version() != e.version && !snapshots_.count({impl, e.version});
+  return e.tensor.defined() && (e.tensor._version() != e.version || overwritten_.count(impl)) &&
+         !snapshots_.count({impl, e.version});
+}
+
+const std::vector<char>& Replayer::writes_of(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  auto it = writes_by_name_.find(name);
+  if (it != writes_by_name_.end()) return it->second;
+  std::vector<char> out;
+  if (auto schema = fn.operator_schema()) {
+    torch::utils::SchemaInfo info(*schema);
+    bool any = false;
+    out.assign(schema->arguments().size(), 0);
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = info.is_mutable(c10::SchemaArgument(c10::SchemaArgType::input, i)) ? 1 : 0;
+      any = any || out[i];
+    }
+    if (!any) out.clear();
+  }
+  return writes_by_name_.emplace(name, std::move(out)).first->second;
+}
+
+void Replayer::guard_external(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return;
+  auto range = external_storage_.equal_range(t.storage().unsafeGetStorageImpl());
+  for (auto it = range.first; it != range.second; ++it) {
+    auto e = externals_.find(it->second);
+    if (e == externals_.end() || !e->second.tensor.defined()) continue;
+    const uint32_t now = e->second.tensor._version();
+    // Contents no recipe captured (written since, and not captured again) need no copy.
+    if (e->second.last_version != now) continue;
+    snapshot_external(e->second.tensor, now);
+    overwritten_.insert(it->second);  // for a write that leaves the version alone (`.data`)
+  }
+}
+
+void Replayer::before_write(const at::RecordFunction& fn) {
+  if (externals_.empty()) return;
+  const std::vector<char>& w = writes_of(fn);
+  if (w.empty()) return;
+  const auto inputs = fn.inputs();
+  for (size_t i = 0; i < inputs.size() && i < w.size(); ++i) {
+    if (!w[i]) continue;
+    const c10::IValue& iv = inputs[i];
+    if (iv.isTensor()) {
+      guard_external(iv.toTensor());
+    } else if (iv.isList()) {
+      for (const c10::IValue& e : iv.toListRef()) {
+        if (e.isTensor()) guard_external(e.toTensor());
+      }
+    }
+  }
 }
 
 // Cost: one version read per external captured this step (parameters, inputs, buffers).
-const at::Tensor* Replayer::externals_changed() const {
+bool Replayer::externals_changed() const {
   for (const auto& [impl, e] : externals_) {
-    if (written_unsnapshotted(impl, e)) return &e.tensor;
-  }
-  return nullptr;
-}
-
-// The whole chain a rebuild might re-run (every slot taken as gone: what is alive now may not be
-// then), each op once.
-bool Replayer::chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth) const {
-  if (depth > kMaxDepth) return true;
-  switch (src.kind) {
-    case TensorSource::Kind::External:
-      return src.external.defined() && !external_as_captured(src).defined();
-    case TensorSource::Kind::None:
-      return true;
-    case TensorSource::Kind::Slot:
-    case TensorSource::Kind::Internal:
-      break;
-  }
-  if (src.op < 0 || static_cast<size_t>(src.op) >= recipes_.size()) return true;
-  if (seen[src.op]) return false;
-  seen[src.op] = 1;
-  for (const Arg& a : recipes_[src.op].args) {
-    for (const TensorSource& t : a.tensors) {
-      if (chain_reads_changed_external(t, seen, depth + 1)) return true;
-    }
+    if (written_unsnapshotted(impl, e)) return true;
   }
   return false;
 }
 
-void Replayer::evict_after(int64_t op) {
-  // Rare: something wrote an external in place since a recipe captured it. Then each eviction's
-  // chain is checked, and a value whose rebuild would read the new contents is kept.
-  const at::Tensor* written = externals_changed();
-  const bool changed = written != nullptr;
-  if (changed) {
-    log_once("external-written", LogLevel::Info,
-             fmt::format("an input of a recomputable op ({} {}) was written in place during the step (a "
-                         "buffer updated in the forward): values whose recomputation would read it are "
-                         "kept, not evicted",
-                         c10::toString(written->scalar_type()), c10::str(written->sizes())));
+// The whole chain a rebuild might re-run (every slot taken as gone: what is alive now may not be
+// then), each op once.
+const at::Tensor* Replayer::chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen,
+                                                        int depth) {
+  static const at::Tensor kUnfollowable;
+  if (depth > kMaxDepth) return &kUnfollowable;
+  switch (src.kind) {
+    case TensorSource::Kind::External:
+      if (src.external.defined() && !external_as_captured(src).defined()) {
+        refused_by_.insert(src.external.unsafeGetTensorImpl());
+        return &src.external;
+      }
+      return nullptr;
+    case TensorSource::Kind::None:
+      return &kUnfollowable;
+    case TensorSource::Kind::Slot:
+    case TensorSource::Kind::Internal:
+      break;
   }
+  if (src.op < 0 || static_cast<size_t>(src.op) >= recipes_.size()) return &kUnfollowable;
+  if (seen[src.op]) return nullptr;
+  seen[src.op] = 1;
+  for (const Arg& a : recipes_[src.op].args) {
+    for (const TensorSource& t : a.tensors) {
+      if (const at::Tensor* w = chain_reads_changed_external(t, seen, depth + 1)) return w;
+    }
+  }
+  return nullptr;
+}
+
+void Replayer::evict_after(int64_t op) {
+  // Rare: something wrote an external in place since a recipe captured it, unseen (an optimizer
+  // step inside the step's window; writes we see are copied first, before_write). Then each
+  // eviction's chain is checked, and a value whose rebuild would read the new contents is kept.
+  const bool changed = externals_changed();
   for (int64_t v : evict_after_[op]) {
     each_resident(handles_, v, [&](SavedState& s) {
       if (s.source.kind == TensorSource::Kind::External || !rebuildable(s.source)) {
@@ -689,8 +748,15 @@ void Replayer::evict_after(int64_t op) {
       }
       if (changed) {
         std::vector<char> seen(recipes_.size(), 0);
-        if (chain_reads_changed_external(s.source, seen, 0)) {
+        if (const at::Tensor* w = chain_reads_changed_external(s.source, seen, 0)) {
           ++stats_.not_rebuildable;
+          if (w->defined()) {
+            log_once("external-written", LogLevel::Info,
+                     fmt::format("an input of a recomputable op ({} {}) was written in place during the step, "
+                                 "unseen: values whose recomputation would read it are kept, not evicted "
+                                 "(copied from the next step on)",
+                                 c10::toString(w->scalar_type()), c10::str(w->sizes())));
+          }
           return;
         }
       }
@@ -803,6 +869,7 @@ at::Tensor Replayer::resolve(const TensorSource& src, Memo& memo, int depth) {
       // with the new ones would give another tensor. Fail loudly rather than differ silently.
       if (!src.external.defined()) return src.external;
       if (at::Tensor t = external_as_captured(src); t.defined()) return t;
+      refused_by_.insert(src.external.unsafeGetTensorImpl());
       throw std::runtime_error(
           "memplan: an input of a recomputed op was written in place after its value was evicted; "
           "cannot rebuild it bit for bit (set MEMPLAN_DISABLE=1 for this script)");

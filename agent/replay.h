@@ -67,6 +67,17 @@ class Replayer {
   // recorder leaving out an op with no tensor output; `hash` is the op's identity (op_hash.h).
   void op_start(const at::RecordFunction& fn, int64_t op, bool random);
   void op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash);
+  // An op is about to run: one the step does not record (under no_grad: a buffer or statistic a
+  // module updates in its forward), or a recorded one (called from op_start). If it writes in
+  // place an external some recipe captured, that external is copied first, so a rebuild reads
+  // what the forward read. Cost: one check while nothing is captured; else one cached lookup by
+  // name, and for an op that writes, one map lookup per written tensor.
+  void before_write(const at::RecordFunction& fn);
+  // The running op turned out to draw random numbers its recipe did not snapshot: it is not
+  // rebuildable this step (call before op_end).
+  void forget_recipe(int64_t op) {
+    if (op >= 0 && static_cast<size_t>(op) < recipes_.size()) recipes_[op].valid = false;
+  }
   // A saved tensor packed during (or, for a custom Function, just after) forward op `op`.
   void on_pack(const std::shared_ptr<SavedState>& s, const at::Tensor& t, int64_t op);
   // Whether op `op`'s packs must come through our hooks: it saves a value the plan evicts (or the
@@ -202,22 +213,37 @@ class Replayer {
   std::unordered_map<const c10::StorageImpl*, std::pair<int64_t, int64_t>> slot_by_storage_;
   struct External {
     at::Tensor tensor;
-    uint32_t version = 0;  // when first captured this step
+    uint32_t version = 0;       // when first captured this step
+    uint32_t last_version = 0;  // when last captured (a recipe may need the contents from then)
   };
   std::unordered_map<const c10::TensorImpl*, External> externals_;
+  std::unordered_multimap<const c10::StorageImpl*, const c10::TensorImpl*> external_storage_;
+  // Externals written through a tensor that does not share their version counter (`.data`):
+  // their version says nothing, a rebuild reads their snapshot.
+  std::unordered_set<const c10::TensorImpl*> overwritten_;
+  // Per op name (RecordFunction's stable pointer): which arguments it may write; empty if none.
+  std::unordered_map<const char*, std::vector<char>> writes_by_name_;
+  const std::vector<char>& writes_of(const at::RecordFunction& fn);
+  // A write is about to land on `t`: copy every captured external sharing its storage whose
+  // current contents a recipe captured.
+  void guard_external(const at::Tensor& t);
   // Whether a rebuild of `src` could read an external written in place since it was captured
   // (a buffer a module updates in its own forward, under no_grad): such a value is not evicted.
-  const at::Tensor* externals_changed() const;  // the first that changed unsnapshotted, or null
+  bool externals_changed() const;  // any written since captured, with no copy from before
   // Written in place since captured, with no copy from before the write.
   bool written_unsnapshotted(const c10::TensorImpl* impl, const External& e) const;
   // Externals a recorded op wrote in place, as they were before: (tensor, version) -> copy.
   std::map<std::pair<const c10::TensorImpl*, uint32_t>, at::Tensor> snapshots_;
   void snapshot_external(const at::Tensor& t, uint32_t version);
-  // Externals seen written in place (by no op we record) in an earlier step: snapshotted when
+  // Externals written in place unseen (by an op whose callbacks are off: the optimizer's) that
+  // kept a value from being evicted, or failed a rebuild, in an earlier step: snapshotted when
   // captured. Kept across steps; an address reused by another tensor only costs a copy.
   std::unordered_set<const c10::TensorImpl*> written_externals_;
+  std::unordered_set<const c10::TensorImpl*> refused_by_;  // this step's, for written_externals_
   at::Tensor external_as_captured(const TensorSource& src) const;
-  bool chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth) const;
+  // The external written since capture that a rebuild of `src` would read (an undefined tensor
+  // for a chain that cannot be followed), or null.
+  const at::Tensor* chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth);
   std::unordered_map<int64_t, std::pair<int64_t, int64_t>> value_slot_;  // value -> latest slot
   std::vector<Pending> pending_;
   std::unordered_map<int64_t, std::vector<std::weak_ptr<SavedState>>> handles_;  // by value

@@ -9,6 +9,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+# A user's operator that draws from the default generator; its schema does not say so. Registered
+# as CompositeImplicitAutograd (autograd through its body), so it is one dispatcher op that a
+# rebuild re-runs.
+_examples_lib = torch.library.Library("memplan_examples", "DEF")
+_examples_lib.define("noisy(Tensor x) -> Tensor")
+_examples_lib.impl("noisy", lambda x: x + 0.01 * torch.rand_like(x), "CompositeImplicitAutograd")
+
+
+def noisy(x):
+    return torch.ops.memplan_examples.noisy(x)
+
+
 class MLP(nn.Module):
     def __init__(self, d_in=256, hidden=1024, d_out=10, depth=4):
         super().__init__()
@@ -37,6 +49,11 @@ class Attention(nn.Module):
         q = q.view(b, t, self.heads, d // self.heads).transpose(1, 2)
         k = k.view(b, t, self.heads, d // self.heads).transpose(1, 2)
         v = v.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        if getattr(self, "sdpa", False):
+            # The fused op, its dropout inside: random with no Generator argument to say so.
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.drop.p if self.training else 0.0,
+                                               is_causal=True)
+            return self.drop(self.proj(y.transpose(1, 2).contiguous().view(b, t, d)))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf"))
@@ -74,20 +91,31 @@ class GPT2(nn.Module):
         t = idx.size(1)
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.tok(idx) + self.pos(pos))
+        if getattr(self, "noisy_op", False) and self.training:
+            x = noisy(x)
         if getattr(self, "stochastic_depth", False) and self.training:
             # torchvision's StochasticDepth(mode="row"): a noise tensor made by `empty`, then
             # written in place by bernoulli_ and div_ (ops a rebuild re-runs).
             noise = torch.empty(x.size(0), 1, 1, device=x.device).bernoulli_(0.9).div_(0.9)
             x = x * noise
-        if hasattr(self, "shift"):
+        shift = getattr(self, "shift_mode", None)
+        if shift:
             # A hand-kept running statistic: added, then updated in place within the forward.
             # Autograd saves nothing of it (add's backward needs neither input), so this is fine
             # in plain PyTorch; a recomputation of the add must still see the value it had here.
             x = x + self.shift
             with torch.no_grad():
-                self.shift.mul_(0.5).add_(x.mean(dim=(0, 1)))
+                mean = x.mean(dim=(0, 1))
+            if shift == "early":
+                with torch.no_grad():
+                    self.shift.mul_(0.5).add_(mean)
         for blk in self.blocks:
             x = blk(x)
+        if shift == "late":  # at the end of the forward, after the blocks' values were evicted
+            with torch.no_grad():
+                self.shift.mul_(0.5).add_(mean)
+        elif shift == "data":  # the same through .data, grad mode on: the version does not move
+            self.shift.data.mul_(0.5).add_(mean)
         return self.head(self.ln(x))
 
 
@@ -160,14 +188,19 @@ class LSTMModel(nn.Module):
 ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 
 
-def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False):
+def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
+          noisy_op=False):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024)
     if name == "gpt2":
         m = GPT2(layers=2 if small else 4, d=64 if small else 128)
         if shift_buffer:
             m.register_buffer("shift", torch.zeros(m.tok.embedding_dim))
+            m.shift_mode = shift_buffer if isinstance(shift_buffer, str) else "early"
         m.stochastic_depth = stochastic_depth
+        m.noisy_op = noisy_op
+        for blk in m.blocks:
+            blk.attn.sdpa = sdpa
         return m
     if name == "cnn":
         return CNN(width=8 if small else 32, hardswish=hardswish)

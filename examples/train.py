@@ -46,11 +46,17 @@ def parse():
     p.add_argument("--seq-change-at", type=int, default=-1, help="GPT-2: sequence length changes from this step")
     p.add_argument("--log-grads-before-step", action="store_true",
                    help="like --log-grads, but between backward and the optimizer step")
+    p.add_argument("--sdpa", action="store_true",
+                   help="GPT-2: F.scaled_dot_product_attention with its dropout (random, no Generator argument)")
+    p.add_argument("--noisy-op", action="store_true",
+                   help="GPT-2: a torch.library op that adds torch.rand_like noise (random, undeclared)")
     p.add_argument("--hardswish", action="store_true", help="CNN: in-place Hardswish activations (MobileNetV3's)")
     p.add_argument("--stochastic-depth", action="store_true",
                    help="GPT-2: a row-wise stochastic-depth noise (empty, bernoulli_, div_) on the embeddings")
-    p.add_argument("--shift-buffer", action="store_true",
-                   help="GPT-2: a buffer added to the embeddings and updated in place in the same forward")
+    p.add_argument("--shift-buffer", nargs="?", const="early", choices=["early", "late", "data"],
+                   help="GPT-2: a buffer added to the embeddings and updated in place in the same forward, "
+                        "under no_grad right after (early) or after the blocks (late), or through .data "
+                        "after the blocks (data)")
     p.add_argument("--seq-cycle", default="",
                    help="GPT-2: comma-separated sequence lengths, one per forward/backward in turn (with "
                         "--accum 2 and two lengths: two kinds of step that alternate)")
@@ -149,7 +155,8 @@ def main():
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     model = models.build(args.model, small=args.small, shift_buffer=args.shift_buffer,
-                         hardswish=args.hardswish, stochastic_depth=args.stochastic_depth).to(args.device)
+                         hardswish=args.hardswish, stochastic_depth=args.stochastic_depth,
+                         sdpa=args.sdpa, noisy_op=args.noisy_op).to(args.device)
     if args.distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     if args.checkpoint:

@@ -1,5 +1,7 @@
 #include "hooks/op_callbacks.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <atomic>
 
 namespace memplan {
@@ -59,7 +61,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     sink->node_start(fn);
     return nullptr;
   }
-  if (fn.seqNr() < 0) return nullptr;
+  if (fn.seqNr() < 0) {
+    // The dispatcher numbers ops only with grad mode on: this is a no_grad op (or a child of a
+    // recorded op, which tl_depth tells).
+    if (tl_depth == 0 && !at::GradMode::is_enabled()) sink->untracked_op(fn);
+    return nullptr;
+  }
   if (tl_depth++ == 0) {
     // The op's children are never recorded (depth > 0, or seqNr -1): with no other observer,
     // turn RecordFunction off on this thread until the op ends, so they do not construct one or

@@ -1,5 +1,6 @@
 // RecordFunction interposition: registers global callbacks and forwards top-level autograd
-// ops (seqNr >= 0, depth 0 on this thread) and backward nodes to a sink. No decisions here.
+// ops (seqNr >= 0, depth 0 on this thread), ops run under no_grad outside them, and backward
+// nodes to a sink. No decisions here.
 #pragma once
 
 #include <ATen/record_function.h>
@@ -13,6 +14,9 @@ class OpSink {
   virtual void op_end(const at::RecordFunction& fn) = 0;
   virtual void node_start(const at::RecordFunction& fn) = 0;
   virtual void node_end(const at::RecordFunction& fn) = 0;
+  // An op under no_grad, outside any recorded op (its children come too: the dispatcher gives
+  // them no sequence number either). Inputs valid only here.
+  virtual void untracked_op(const at::RecordFunction& fn) = 0;
 };
 
 struct CallbackNeeds {

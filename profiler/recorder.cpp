@@ -89,22 +89,44 @@ void Recorder::add_tensor_refs(const c10::IValue& iv, std::vector<TensorRef>* re
   });
 }
 
+// Cost: one cached lookup by name pointer; reads at most two scalar arguments.
 bool Recorder::is_random(const at::RecordFunction& fn) {
   const char* name = fn.name();
   auto it = random_by_name_.find(name);
-  if (it != random_by_name_.end()) return it->second;
-  bool random = std::strstr(name, "dropout") != nullptr;
-  if (auto schema = fn.operator_schema()) {
-    for (const auto& arg : schema->arguments()) {
-      const auto& ty = arg.type();
-      if (ty->kind() == c10::TypeKind::OptionalType &&
-          ty->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType) {
-        random = true;
-      }
-    }
+  if (it == random_by_name_.end()) it = random_by_name_.emplace(name, random_rule(fn)).first;
+  const RandomRule& rule = it->second;
+  if (rule.always) return true;
+  if (rule.p_arg < 0) return false;
+  // A dropout probability in the arguments (scaled_dot_product_attention's dropout_p, the
+  // recurrent ops' dropout between layers): random when it is above zero and, for an op with a
+  // `train` flag, in training.
+  const auto inputs = fn.inputs();
+  if (static_cast<size_t>(rule.p_arg) >= inputs.size() || !inputs[rule.p_arg].isDouble()) return true;
+  if (inputs[rule.p_arg].toDouble() <= 0.0) return false;
+  if (rule.train_arg >= 0 && static_cast<size_t>(rule.train_arg) < inputs.size() && inputs[rule.train_arg].isBool()) {
+    return inputs[rule.train_arg].toBool();
   }
-  random_by_name_.emplace(name, random);
-  return random;
+  return true;
+}
+
+Recorder::RandomRule Recorder::random_rule(const at::RecordFunction& fn) {
+  RandomRule rule;
+  rule.always = std::strstr(fn.name(), "dropout") != nullptr;
+  auto schema = fn.operator_schema();
+  if (!schema) return rule;
+  const auto& args = schema->arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& ty = args[i].type();
+    if (ty->kind() == c10::TypeKind::OptionalType &&
+        ty->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType) {
+      rule.always = true;
+    }
+    if (ty->kind() == c10::TypeKind::FloatType && args[i].name().find("dropout") != std::string::npos) {
+      rule.p_arg = static_cast<int>(i);
+    }
+    if (ty->kind() == c10::TypeKind::BoolType && args[i].name() == "train") rule.train_arg = static_cast<int>(i);
+  }
+  return rule;
 }
 
 uint64_t Recorder::op_hash(int64_t op) const {
@@ -128,6 +150,7 @@ void Recorder::light_op_start(const at::RecordFunction& fn) {
   }
   light_hash_ = h.value();
   current_random_ = is_random(fn);
+  drew_unmarked_ = false;
   light_seq_begin_ = fn.seqNr();
   current_op_ = light_ops_++;
 }
@@ -158,6 +181,9 @@ void Recorder::op_start(const at::RecordFunction& fn) {
   op.seq_nr = fn.seqNr();
   op.thread = fn.threadId();
   op.random = current_random_ = is_random(fn);
+  drew_unmarked_ = false;
+  watching_rng_ = !op.random;
+  if (watching_rng_) rng_.before(fn.inputs());
   for (const c10::IValue& iv : fn.inputs()) add_tensor_refs(iv, &op.inputs, -1);
   for (const TensorRef& r : op.inputs) {
     if (r.value >= 0) push_unique(&profile_.values[r.value].consumers, idx);
@@ -179,6 +205,14 @@ void Recorder::op_end(const at::RecordFunction& fn) {
   const int64_t idx = current_op_;
   if (idx < 0) return;
   Op& op = profile_.forward[idx];
+  if (watching_rng_ && rng_.drew()) {
+    // Drew from a default generator though its schema does not say so: random from now on (the
+    // replayer snapshots its generators before every later call).
+    op.random = true;
+    drew_unmarked_ = true;
+    random_by_name_[fn.name()].always = true;
+  }
+  watching_rng_ = false;
   op.time_us = op.cpu_us = end - op.start_us;
   op.live_after = memory_->live();
   op.peak = std::max({memory_->window_peak(), op.live_before, op.live_after});

@@ -16,6 +16,7 @@
 
 #include "profiler/memory.h"
 #include "profiler/profile.h"
+#include "profiler/rng_watch.h"
 
 namespace memplan {
 
@@ -51,6 +52,9 @@ class Recorder {
   int64_t op_count() const { return light_ ? light_ops_ : static_cast<int64_t>(profile_.forward.size()); }
   // The running op is random (draws from a generator, or named dropout).
   bool current_random() const { return current_random_; }
+  // The op just ended drew random numbers though it was not known as random when it started
+  // (full recording only; see RngWatch). Its recipe, if any, has no generator snapshot.
+  bool drew_unmarked() const { return drew_unmarked_; }
   // Identity hash of op `op`, which has just ended and was kept: OpHasher::add_op of its Op in
   // full mode; in light mode the same value, fed from the RecordFunction (only the last op's).
   uint64_t op_hash(int64_t op) const;
@@ -90,7 +94,16 @@ class Recorder {
   double now_us() const;
   int64_t value_of(const at::Tensor& t, int64_t producer);
   void add_tensor_refs(const c10::IValue& v, std::vector<TensorRef>* refs, int64_t producer);
+  // Random: the op has a Generator? argument or "dropout" in its name, or a dropout probability
+  // argument (float named *dropout*) above zero while its `train` flag, if any, is set, or it was
+  // seen drawing from a default generator (RngWatch) earlier.
+  struct RandomRule {
+    bool always = false;
+    int p_arg = -1;      // the dropout probability argument
+    int train_arg = -1;  // a `train` flag beside it
+  };
   bool is_random(const at::RecordFunction& fn);
+  static RandomRule random_rule(const at::RecordFunction& fn);
   void light_op_start(const at::RecordFunction& fn);
   void light_op_end(const at::RecordFunction& fn);
 
@@ -109,7 +122,10 @@ class Recorder {
   std::vector<int64_t> seq_end_;
   std::vector<ValueSlot> slots_;
   std::unordered_map<const c10::StorageImpl*, int64_t> index_;
-  std::unordered_map<const char*, bool> random_by_name_;  // schema inspection cached per op name
+  std::unordered_map<const char*, RandomRule> random_by_name_;  // schema inspection cached per op name
+  RngWatch rng_;
+  bool watching_rng_ = false;
+  bool drew_unmarked_ = false;
   std::unordered_map<int64_t, int64_t> pack_counts_;     // per value: pack handles made
   int64_t current_op_ = -1;
   int64_t packs_in_op_ = 0;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 
 #include <atomic>
@@ -26,6 +27,8 @@ struct CountingSink : memplan::OpSink {
   void op_end(const at::RecordFunction& fn) override { ended.emplace_back(fn.name()); }
   void node_start(const at::RecordFunction&) override {}
   void node_end(const at::RecordFunction&) override {}
+  std::vector<std::string> untracked;
+  void untracked_op(const at::RecordFunction& fn) override { untracked.emplace_back(fn.name()); }
 };
 
 // Another observer (a user's profiler): counts every FUNCTION-scope op named `name`.
@@ -75,6 +78,26 @@ TEST_F(OpCallbacks, TopLevelOpOnceAndChildrenSkipRecordFunctionWhenAlone) {
   EXPECT_EQ(sink_.ended, std::vector<std::string>{"aten::linear"});
   EXPECT_FALSE(sink_.rf_enabled_inside[0]);  // off for linear's children
   EXPECT_TRUE(at::isRecordFunctionEnabled());  // and back on after it
+}
+
+TEST_F(OpCallbacks, NoGradOpsReachTheSinkAsUntrackedOnly) {
+  at::Tensor buf;
+  {
+    memplan::AgentScope hidden;
+    buf = at::zeros({4});
+  }
+  {
+    at::NoGradGuard no_grad;
+    buf.mul_(2);
+  }
+  EXPECT_TRUE(sink_.started.empty());
+  ASSERT_FALSE(sink_.untracked.empty());
+  EXPECT_EQ(sink_.untracked.front(), "aten::mul_");
+  // With grad mode on, neither the op nor its children are untracked.
+  sink_.untracked.clear();
+  run_linear();
+  EXPECT_TRUE(sink_.untracked.empty());
+  EXPECT_EQ(sink_.started, std::vector<std::string>{"aten::linear"});
 }
 
 TEST_F(OpCallbacks, AnotherObserverStillSeesTheChildren) {
