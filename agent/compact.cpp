@@ -17,8 +17,8 @@ namespace {
 // Not at::empty: no dispatcher call (so no RecordFunction: the agent's own tensors are no ops of
 // the user's step) and no fill of "uninitialised" memory under deterministic mode (each element
 // is written below).
-at::Tensor raw_empty(at::IntArrayRef sizes, at::ScalarType dtype) {
-  return at::Tensor(at::detail::empty_cpu(sizes, dtype));
+at::Tensor raw_empty(at::IntArrayRef sizes, at::IntArrayRef strides, at::ScalarType dtype) {
+  return at::Tensor(at::detail::empty_strided_cpu(sizes, strides, dtype));
 }
 
 constexpr int64_t kGrain = 32768;  // elements per task: below this, one thread does it all
@@ -54,7 +54,7 @@ bool compact_as(const at::Tensor& t, CompactMask* out) {
   int64_t first = 0;
   while (first < n && x[first] == 0) ++first;  // the value: the first non-zero pattern
   const T top = first < n ? x[first] : T(0);
-  at::Tensor mask = raw_empty(t.sizes(), at::kBool);
+  at::Tensor mask = raw_empty(t.sizes(), t.strides(), at::kBool);  // the same layout: memory order
   if (!pack<T>(x, static_cast<uint8_t*>(mask.data_ptr()), n, top)) return false;
   out->mask = std::move(mask);
   std::memcpy(&out->bits, &top, sizeof(T));
@@ -64,7 +64,7 @@ bool compact_as(const at::Tensor& t, CompactMask* out) {
 
 template <typename T>
 at::Tensor expand_as(const CompactMask& c) {
-  at::Tensor t = raw_empty(c.mask.sizes(), c.dtype);
+  at::Tensor t = raw_empty(c.mask.sizes(), c.mask.strides(), c.dtype);
   T top;
   std::memcpy(&top, &c.bits, sizeof(T));
   unpack<T>(static_cast<const uint8_t*>(c.mask.data_ptr()), static_cast<T*>(t.data_ptr()), c.mask.numel(), top);
@@ -106,7 +106,9 @@ bool tail_matches(const at::Tensor& input, const CompactMask& mask, const at::Te
 }
 
 bool compact_mask(const at::Tensor& t, CompactMask* out) {
-  if (!t.defined() || !t.is_cpu() || t.layout() != at::kStrided || !t.is_contiguous() ||
+  // Dense in any order (a dropout of a transposed tensor saves a transposed mask): both passes
+  // run over the storage in memory order, and the mask keeps the tensor's strides.
+  if (!t.defined() || !t.is_cpu() || t.layout() != at::kStrided || !t.is_non_overlapping_and_dense() ||
       t.storage_offset() != 0 || t.numel() == 0 || t.is_conj() || t.is_neg() ||
       static_cast<int64_t>(t.storage().nbytes()) != static_cast<int64_t>(t.numel() * t.element_size())) {
     return false;

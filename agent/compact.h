@@ -13,13 +13,14 @@
 namespace memplan {
 
 struct CompactMask {
-  at::Tensor mask;      // bool, the tensor's shape: element is non-zero
+  at::Tensor mask;      // bool, the tensor's shape and strides: element is non-zero
   int64_t bits = 0;     // the bit pattern of every non-zero element
   at::ScalarType dtype = at::kFloat;
 };
 
-// The compact form of `t`, or false when `t` does not qualify: not a contiguous CPU tensor of a
-// floating type covering its whole storage, or elements other than +0 and one value.
+// The compact form of `t`, or false when `t` does not qualify: not a dense (non-overlapping, in
+// any dimension order) CPU tensor of a floating type covering its whole storage, or elements other
+// than +0 and one value.
 // Cost: one pass (read the tensor, write the mask), split over the intra-op threads; ~10-20 us
 // for 128 Ki floats on the 2-core CI CPU, where re-running that dropout costs ~830 us of RNG.
 bool compact_mask(const at::Tensor& t, CompactMask* out);

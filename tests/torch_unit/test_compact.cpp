@@ -53,6 +53,21 @@ TEST(Compact, DropoutNoiseRoundTripsBitForBit) {
   }
 }
 
+// torchvision's ViT drops out MultiheadAttention's transposed output: aten::dropout's noise is
+// made by empty_like, so it is transposed too. It compacts and comes back with its strides.
+TEST(Compact, ATransposedMaskKeepsItsLayout) {
+  at::manual_seed(2);
+  const at::Tensor noise = at::empty({65, 8, 64}).transpose(0, 1).bernoulli_(0.9).div_(0.9);
+  ASSERT_FALSE(noise.is_contiguous());
+  CompactMask c;
+  ASSERT_TRUE(compact_mask(noise, &c));
+  const at::Tensor back = expand_mask(c);
+  EXPECT_EQ(back.sizes(), noise.sizes());
+  EXPECT_EQ(back.strides(), noise.strides());
+  EXPECT_TRUE(at::equal(bits(back), bits(noise)));
+  EXPECT_FALSE(memplan::tail_matches(at::randn({8, 65, 64}), c, at::randn({8, 65, 64})));  // not contiguous
+}
+
 TEST(Compact, AllZeroAndNoZeroTensorsRoundTrip) {
   for (const at::Tensor& t : {at::zeros({7, 5}), at::full({7, 5}, 1.25f), at::full({4}, 1.25f).to(at::kHalf)}) {
     CompactMask c;
@@ -76,7 +91,8 @@ TEST(Compact, RefusesWhatIsNotAZeroOrOneValueMask) {
   EXPECT_FALSE(compact_mask(nan, &c));
   EXPECT_FALSE(compact_mask(at::randn({8, 8}), &c));
   EXPECT_FALSE(compact_mask(at::ones({8, 4}, at::kLong), &c));     // not floating
-  EXPECT_FALSE(compact_mask(at::ones({8, 4}).t(), &c));            // not contiguous
+  EXPECT_FALSE(compact_mask(at::ones({8, 4}).t().narrow(0, 1, 2), &c));  // not dense
+  EXPECT_FALSE(compact_mask(at::ones({8, 4}).expand({3, 8, 4}), &c));   // overlapping
   EXPECT_FALSE(compact_mask(at::ones({8, 4}).narrow(0, 1, 2), &c));  // part of a storage
   EXPECT_FALSE(compact_mask(at::ones({0}), &c));
   EXPECT_FALSE(compact_mask(at::Tensor(), &c));
