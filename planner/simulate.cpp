@@ -88,7 +88,8 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
     if (g.persistent[v]) return fail(r, fmt::format("plan touches persistent value {}", v));
     Copy c{g.producer(v), g.natural_end[v]};
     auto e = evict_at.find(v);
-    if (e != evict_at.end()) c.end = e->second;
+    // Evicted: gone after that op, or after the last op during which a Python variable held it.
+    if (e != evict_at.end()) c.end = std::max(e->second, std::min(g.held_until[v], c.end));
     auto h = held.find(v);
     if (h != held.end()) {
       int64_t rel = take_release(v, c.start);

@@ -68,6 +68,10 @@ struct Value {
   bool held_outside = false;        // something besides autograd still referenced it after forward,
                                     // or (made inside an op) after that op: autocast's weight cache
                                     // (evicting it frees nothing, or nothing during forward)
+  int64_t held_until = -1;          // the last forward op during which something besides autograd
+                                    // still held it after it was saved (a Python variable that
+                                    // outlives its last use: `h = f(g(h))`); evicting it frees
+                                    // memory only after that op. -1: nothing did
 };
 
 struct Profile {

@@ -61,7 +61,7 @@ json value_to_json(const Value& v) {
   return json{{"bytes", v.bytes},          {"kind", to_string(v.kind)},
               {"producer", v.producer},    {"consumers", v.consumers},
               {"saved_by", v.saved_by},    {"unpacked_by", v.unpacked_by},
-              {"saved_bytes", v.saved_bytes}, {"held_outside", v.held_outside}};
+              {"saved_bytes", v.saved_bytes}, {"held_outside", v.held_outside}, {"held_until", v.held_until}};
 }
 
 // Reading: nlohmann throws on type mismatch; the whole parse runs under one try so a bad file
@@ -176,6 +176,10 @@ bool validate_profile(const Profile& p, std::string* error) {
       *error = fmt::format("value {}: producer {} is not a forward op", i, v.producer);
       return false;
     }
+    if (v.held_until != -1 && !in_range(v.held_until, p.forward.size())) {
+      *error = fmt::format("value {}: held until {}, which is not a forward op", i, v.held_until);
+      return false;
+    }
     if (v.kind == ValueKind::Activation && v.producer == -1) {
       *error = fmt::format("value {}: an activation with no producer", i);
       return false;
@@ -257,6 +261,7 @@ bool profile_from_json(const std::string& text, Profile* out, std::string* error
       v.unpacked_by = jv.value("unpacked_by", std::vector<int64_t>{});
       v.saved_bytes = jv.value("saved_bytes", int64_t{0});
       v.held_outside = jv.value("held_outside", false);
+      v.held_until = jv.value("held_until", int64_t{-1});
     }
   } catch (const std::exception& e) {
     *error = fmt::format("{}: {}", where, e.what());

@@ -45,6 +45,7 @@ void Recorder::begin_step(int64_t step_index) {
   profile_.step = step_index;
   seq_begin_.clear();
   seq_end_.clear();
+  held_watch_.clear();
   slots_.clear();
   index_.clear();
   current_op_ = -1;
@@ -190,6 +191,7 @@ void Recorder::op_start(const at::RecordFunction& fn) {
   }
   seq_begin_.push_back(fn.seqNr());
   seq_end_.push_back(fn.seqNr());
+  update_held(idx);
   current_op_ = idx;
   op.live_before = memory_->live();
   memory_->reset_window();
@@ -267,7 +269,7 @@ int64_t Recorder::on_pack(const at::Tensor& t) {
     push_unique(&v.saved_by, op);
     profile_.forward[op].packs.push_back(id);
   }
-  ++pack_counts_[id];
+  if (pack_counts_[id]++ == 0 && v.kind == ValueKind::Activation) held_watch_.push_back(id);
   ++packs_in_op_;
   v.saved_bytes = v.bytes;  // the whole storage, once however many tensors of it were saved
   return id;
@@ -283,6 +285,7 @@ void Recorder::begin_backward() {
   in_backward_ = true;
   backward_t0_us_ = now_us();
   profile_.forward_us = backward_t0_us_;
+  held_watch_.clear();  // what still holds them now is what held_outside counts
   if (light_) return;
   // Whatever still holds a saved storage besides the handles autograd owns makes evicting it
   // useless: count references now, at the end of forward. Each pack handle owns one TensorImpl
@@ -294,6 +297,18 @@ void Recorder::begin_backward() {
     if (extra < 0) continue;
     v.held_outside = v.held_outside || v.kind != ValueKind::Activation || extra > 0;
   }
+}
+
+// Cost: per watched value, one weak lock and a map lookup (full recording only).
+void Recorder::update_held(int64_t op) {
+  size_t keep = 0;
+  for (int64_t v : held_watch_) {
+    if (refs_beyond_packs(v) > 0) {
+      profile_.values[v].held_until = op;  // it is alive while `op` runs, whatever the plan does
+      held_watch_[keep++] = v;
+    }
+  }
+  held_watch_.resize(keep);
 }
 
 int64_t Recorder::refs_beyond_packs(int64_t v) const {

@@ -127,6 +127,10 @@ class Recorder {
   bool watching_rng_ = false;
   bool drew_unmarked_ = false;
   std::unordered_map<int64_t, int64_t> pack_counts_;     // per value: pack handles made
+  // Saved values something besides autograd may still hold (full mode): checked at each op's
+  // start until nothing else does (Value::held_until). Usually a handful.
+  std::vector<int64_t> held_watch_;
+  void update_held(int64_t op);
   int64_t current_op_ = -1;
   int64_t packs_in_op_ = 0;
   int64_t current_node_ = -1;

@@ -149,3 +149,35 @@ TEST(Planner, EmptyProfile) {
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_TRUE(r.plan.empty());
 }
+
+// `h = drop(gelu(lin(h)))`: the Python variable keeps the old h alive until the assignment, after
+// its last use. Evicting it after that use frees nothing until then (an autocast MLP at 50% was
+// measured +4.5% over the prediction that ignored this).
+TEST(Simulate, AValueAPythonVariableHoldsIsFreedOnlyAfterIt) {
+  SynthBuilder b;
+  const int64_t x = b.input(1 << 20);
+  const int64_t w = b.param(1 << 12);
+  const int64_t h0 = b.op("aten::mul", {x, w}, {{4 << 20}}, {x, w}, 10)[0];
+  const int64_t h1 = b.op("aten::tanh", {h0}, {{4 << 20}}, {h0}, 10)[0];  // saves h0
+  const int64_t h2 = b.op("aten::sin", {h1}, {{4 << 20}}, {h1}, 10)[0];
+  const int64_t h3 = b.op("aten::cos", {h2}, {{4 << 20}}, {h2}, 10)[0];
+  b.op("aten::sum", {h3}, {{4}}, {h3}, 10);
+  Profile p = b.finish();
+  Graph g;
+  std::string err;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  Plan evict;
+  evict.evictions.push_back({h0, g.last_fwd_use[h0]});
+  evict.recomputes.push_back({g.first_unpack[h0], {0}, {h0}});
+  const SimResult free_now = simulate(g, evict);
+  ASSERT_TRUE(free_now.ok) << free_now.error;
+  EXPECT_EQ(free_now.fwd_live[2] + g.bytes(h0), simulate(g, Plan{}).fwd_live[2]);
+  p.values[h0].held_until = 3;  // held by a variable while ops 2 and 3 run
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  const SimResult held = simulate(g, evict);
+  ASSERT_TRUE(held.ok) << held.error;
+  EXPECT_EQ(held.fwd_live[2], simulate(g, Plan{}).fwd_live[2]);
+  EXPECT_EQ(held.fwd_live[3], simulate(g, Plan{}).fwd_live[3]);
+  EXPECT_EQ(held.fwd_live[4] + g.bytes(h0), simulate(g, Plan{}).fwd_live[4]);
+  (void)h3;
+}

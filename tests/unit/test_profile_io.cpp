@@ -29,6 +29,7 @@ Profile sample() {
   Value h{800, ValueKind::Activation, 0, {1}, {0, 1}, {0}, 800, false};
   Value y{800, ValueKind::Activation, 1, {}, {}, {}, 0, false};
   Value g{400, ValueKind::Gradient, -1, {}, {}, {}, 0, false};
+  h.held_until = 1;  // a Python variable held it while relu ran
   p.values = {x, h, y, g};
 
   Op lin;
@@ -123,6 +124,7 @@ void expect_profile_eq(const Profile& a, const Profile& b) {
     EXPECT_EQ(x.unpacked_by, y.unpacked_by) << i;
     EXPECT_EQ(x.saved_bytes, y.saved_bytes) << i;
     EXPECT_EQ(x.held_outside, y.held_outside) << i;
+    EXPECT_EQ(x.held_until, y.held_until) << i;
   }
 }
 
@@ -181,6 +183,12 @@ TEST(ProfileIO, RejectsNegativeSizes) {
   j = nlohmann::json::parse(profile_to_json(sample()));
   j["forward"][0]["peak"] = -1;
   expect_rejected(j.dump(), "negative memory");
+}
+
+TEST(ProfileIO, RejectsHeldUntilBeyondTheForward) {
+  nlohmann::json j = nlohmann::json::parse(profile_to_json(sample()));
+  j["values"][1]["held_until"] = 2;  // two forward ops: 0 and 1
+  expect_rejected(j.dump(), "held until 2");
 }
 
 TEST(ProfileIO, RejectsUnknownVersion) {
