@@ -396,15 +396,22 @@ void Replayer::check_divergence(int64_t op, uint64_t hash, const char* name) {
 // not update them a second time), rrelu_with_noise writes `noise`. Asked without argument values,
 // so a training flag counts as true: at worst an eval-mode re-run clones two small buffers.
 // Cost: one SchemaInfo per operator per Replayer (cached by schema address), then a map lookup.
-const std::vector<char>& Replayer::written_args(const c10::FunctionSchema& schema) {
-  auto it = written_by_schema_.find(&schema);
-  if (it != written_by_schema_.end()) return it->second;
+namespace {
+// Per argument of `schema`: 1 if the op may write it (SchemaInfo, see written_args).
+std::vector<char> mutable_args(const c10::FunctionSchema& schema) {
   torch::utils::SchemaInfo info(schema);
   std::vector<char> out(schema.arguments().size(), 0);
   for (size_t i = 0; i < out.size(); ++i) {
     out[i] = info.is_mutable(c10::SchemaArgument(c10::SchemaArgType::input, i)) ? 1 : 0;
   }
-  return written_by_schema_.emplace(&schema, std::move(out)).first->second;
+  return out;
+}
+}  // namespace
+
+const std::vector<char>& Replayer::written_args(const c10::FunctionSchema& schema) {
+  auto it = written_by_schema_.find(&schema);
+  if (it != written_by_schema_.end()) return it->second;
+  return written_by_schema_.emplace(&schema, mutable_args(schema)).first->second;
 }
 
 void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
@@ -652,16 +659,8 @@ const std::vector<char>& Replayer::writes_of(const at::RecordFunction& fn) {
   auto it = writes_by_name_.find(name);
   if (it != writes_by_name_.end()) return it->second;
   std::vector<char> out;
-  if (auto schema = fn.operator_schema()) {
-    torch::utils::SchemaInfo info(*schema);
-    bool any = false;
-    out.assign(schema->arguments().size(), 0);
-    for (size_t i = 0; i < out.size(); ++i) {
-      out[i] = info.is_mutable(c10::SchemaArgument(c10::SchemaArgType::input, i)) ? 1 : 0;
-      any = any || out[i];
-    }
-    if (!any) out.clear();
-  }
+  if (auto schema = fn.operator_schema()) out = mutable_args(*schema);
+  if (std::find(out.begin(), out.end(), 1) == out.end()) out.clear();  // writes nothing: empty
   return writes_by_name_.emplace(name, std::move(out)).first->second;
 }
 

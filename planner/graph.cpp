@@ -83,7 +83,11 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
   G.last_unpack.assign(nv, -1);
   G.natural_end.assign(nv, G.end_pos());
   G.held_until.assign(nv, -1);
-  for (size_t v = 0; v < nv; ++v) G.held_until[v] = p.values[v].held_until;
+  G.dies_after.assign(nv, -1);
+  for (size_t v = 0; v < nv; ++v) {
+    G.held_until[v] = p.values[v].held_until;
+    G.dies_after[v] = p.values[v].dies_after;
+  }
   G.produces.assign(nf, {});
   G.deps.assign(nf, {});
   G.out_bytes.assign(nf, 0);

@@ -72,6 +72,9 @@ struct Value {
                                     // still held it after it was saved (a Python variable that
                                     // outlives its last use: `h = f(g(h))`); evicting it frees
                                     // memory only after that op. -1: nothing did
+  int64_t dies_after = -1;          // an input the script frees during the forward (the raw batch
+                                    // after `x = normalize(x)`): the last forward op before its
+                                    // storage was gone. -1: alive through the forward
 };
 
 struct Profile {

@@ -61,7 +61,8 @@ json value_to_json(const Value& v) {
   return json{{"bytes", v.bytes},          {"kind", to_string(v.kind)},
               {"producer", v.producer},    {"consumers", v.consumers},
               {"saved_by", v.saved_by},    {"unpacked_by", v.unpacked_by},
-              {"saved_bytes", v.saved_bytes}, {"held_outside", v.held_outside}, {"held_until", v.held_until}};
+              {"saved_bytes", v.saved_bytes}, {"held_outside", v.held_outside}, {"held_until", v.held_until},
+              {"dies_after", v.dies_after}};
 }
 
 // Reading: nlohmann throws on type mismatch; the whole parse runs under one try so a bad file
@@ -180,6 +181,11 @@ bool validate_profile(const Profile& p, std::string* error) {
       *error = fmt::format("value {}: held until {}, which is not a forward op", i, v.held_until);
       return false;
     }
+    if (v.dies_after != -1 && (!in_range(v.dies_after, p.forward.size()) || v.producer != -1)) {
+      *error = fmt::format("value {}: dies after {}, which is not a forward op (or it is no input)", i,
+                           v.dies_after);
+      return false;
+    }
     if (v.kind == ValueKind::Activation && v.producer == -1) {
       *error = fmt::format("value {}: an activation with no producer", i);
       return false;
@@ -262,6 +268,7 @@ bool profile_from_json(const std::string& text, Profile* out, std::string* error
       v.saved_bytes = jv.value("saved_bytes", int64_t{0});
       v.held_outside = jv.value("held_outside", false);
       v.held_until = jv.value("held_until", int64_t{-1});
+      v.dies_after = jv.value("dies_after", int64_t{-1});
     }
   } catch (const std::exception& e) {
     *error = fmt::format("{}: {}", where, e.what());

@@ -46,6 +46,7 @@ void Recorder::begin_step(int64_t step_index) {
   seq_begin_.clear();
   seq_end_.clear();
   held_watch_.clear();
+  input_watch_.clear();
   slots_.clear();
   index_.clear();
   current_op_ = -1;
@@ -75,6 +76,7 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
     v.kind = ValueKind::Parameter;
   } else {
     v.kind = ValueKind::Input;
+    input_watch_.push_back(id);
   }
   slots_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
   index_[s] = id;
@@ -286,6 +288,7 @@ void Recorder::begin_backward() {
   backward_t0_us_ = now_us();
   profile_.forward_us = backward_t0_us_;
   held_watch_.clear();  // what still holds them now is what held_outside counts
+  input_watch_.clear();
   if (light_) return;
   // Whatever still holds a saved storage besides the handles autograd owns makes evicting it
   // useless: count references now, at the end of forward. Each pack handle owns one TensorImpl
@@ -299,7 +302,8 @@ void Recorder::begin_backward() {
   }
 }
 
-// Cost: per watched value, one weak lock and a map lookup (full recording only).
+// Cost: per watched value, one weak lock and a map lookup, or one expiry check (full recording
+// only).
 void Recorder::update_held(int64_t op) {
   size_t keep = 0;
   for (int64_t v : held_watch_) {
@@ -309,6 +313,15 @@ void Recorder::update_held(int64_t op) {
     }
   }
   held_watch_.resize(keep);
+  keep = 0;
+  for (int64_t v : input_watch_) {
+    if (slots_[v].storage.expired()) {
+      if (op > 0) profile_.values[v].dies_after = op - 1;
+    } else {
+      input_watch_[keep++] = v;
+    }
+  }
+  input_watch_.resize(keep);
 }
 
 int64_t Recorder::refs_beyond_packs(int64_t v) const {

@@ -130,6 +130,7 @@ class Recorder {
   // Saved values something besides autograd may still hold (full mode): checked at each op's
   // start until nothing else does (Value::held_until). Usually a handful.
   std::vector<int64_t> held_watch_;
+  std::vector<int64_t> input_watch_;  // inputs still alive (Value::dies_after)
   void update_held(int64_t op);
   int64_t current_op_ = -1;
   int64_t packs_in_op_ = 0;

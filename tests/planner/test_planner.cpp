@@ -181,3 +181,39 @@ TEST(Simulate, AValueAPythonVariableHoldsIsFreedOnlyAfterIt) {
   EXPECT_EQ(held.fwd_live[4] + g.bytes(h0), simulate(g, Plan{}).fwd_live[4]);
   (void)h3;
 }
+
+// `x = normalize(x)` in the step frees the raw batch after its last use; a plan that rebuilds
+// from it makes the replay keep it (the re-run op's recipe holds its inputs) to the step's end.
+TEST(Simulate, AnInputARebuildReadsStaysAliveToTheEnd) {
+  SynthBuilder b;
+  const int64_t x = b.input(1 << 20);
+  const int64_t w = b.param(1 << 12);
+  const int64_t h0 = b.op("aten::mul", {x, w}, {{1 << 20}}, {w}, 10)[0];
+  const int64_t h1 = b.op("aten::tanh", {h0}, {{1 << 20}}, {}, 10)[0];
+  const int64_t h2 = b.op("aten::sin", {h1}, {{1 << 20}}, {h1}, 10)[0];
+  b.op("aten::sum", {h2}, {{4}}, {h2}, 10);
+  Profile p = b.finish();
+  Graph g;
+  std::string err;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  Plan evict;  // h1 rebuilt from x: ops 0 and 1 re-run
+  evict.evictions.push_back({h1, g.last_fwd_use[h1]});
+  evict.recomputes.push_back({g.first_unpack[h1], {0, 1}, {h1}});
+  const SimResult alive = simulate(g, evict);
+  ASSERT_TRUE(alive.ok) << alive.error;
+  p.values[x].dies_after = 0;  // the script dropped x after op 0
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  const SimResult kept = simulate(g, evict);
+  ASSERT_TRUE(kept.ok) << kept.error;
+  EXPECT_EQ(kept.fwd_live[0], alive.fwd_live[0]);
+  EXPECT_EQ(kept.fwd_live[1], alive.fwd_live[1] + g.bytes(x));
+  EXPECT_EQ(kept.bwd_live.back(), alive.bwd_live.back() + g.bytes(x));
+  // No eviction, no recipe: nothing is kept.
+  Plan none;
+  p.values[x].dies_after = -1;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  const SimResult base = simulate(g, none);
+  p.values[x].dies_after = 0;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  EXPECT_EQ(simulate(g, none).fwd_live[1], base.fwd_live[1]);
+}

@@ -30,6 +30,7 @@ Profile sample() {
   Value y{800, ValueKind::Activation, 1, {}, {}, {}, 0, false};
   Value g{400, ValueKind::Gradient, -1, {}, {}, {}, 0, false};
   h.held_until = 1;  // a Python variable held it while relu ran
+  x.dies_after = 0;  // the script dropped it after linear
   p.values = {x, h, y, g};
 
   Op lin;
@@ -125,6 +126,7 @@ void expect_profile_eq(const Profile& a, const Profile& b) {
     EXPECT_EQ(x.saved_bytes, y.saved_bytes) << i;
     EXPECT_EQ(x.held_outside, y.held_outside) << i;
     EXPECT_EQ(x.held_until, y.held_until) << i;
+    EXPECT_EQ(x.dies_after, y.dies_after) << i;
   }
 }
 
@@ -189,6 +191,9 @@ TEST(ProfileIO, RejectsHeldUntilBeyondTheForward) {
   nlohmann::json j = nlohmann::json::parse(profile_to_json(sample()));
   j["values"][1]["held_until"] = 2;  // two forward ops: 0 and 1
   expect_rejected(j.dump(), "held until 2");
+  j = nlohmann::json::parse(profile_to_json(sample()));
+  j["values"][1]["dies_after"] = 0;  // an activation, not an input
+  expect_rejected(j.dump(), "dies after 0");
 }
 
 TEST(ProfileIO, RejectsUnknownVersion) {
