@@ -158,6 +158,18 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
   op_hashes_.reserve(n);
   for (const Op& op : profile.forward) op_hashes_.push_back(hash_op(op));
   for (const Op& node : profile.backward) node_names_.push_back(node.name);
+  // Inputs the profiled step wrote in place (a buffer a backward hook updates, unseen by the
+  // write guard while forward callbacks are paused): copied when a recipe captures them.
+  for (size_t o = 0; o < n; ++o) {
+    const auto& in = profile.forward[o].inputs;
+    for (size_t k = 0; k < in.size(); ++k) {
+      const int64_t v = in[k].value;
+      if (v < 0 || static_cast<size_t>(v) >= profile.values.size() || !profile.values[v].written) continue;
+      if (written_input_.empty()) written_input_.resize(n);
+      written_input_[o].resize(in.size(), 0);
+      written_input_[o][k] = 1;
+    }
+  }
   evict_after_.resize(n);
   hold_from_.resize(n);
   for (const auto& e : plan_.evictions) {
@@ -440,6 +452,9 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
   r.valid = true;
   r.args.resize(inputs.size());
   const std::vector<char>& written = written_args(schema);
+  const std::vector<char>* written_in_step =
+      static_cast<size_t>(op) < written_input_.size() && !written_input_[op].empty() ? &written_input_[op] : nullptr;
+  size_t tensor_k = 0;  // defined tensors so far: the index of the profile op's inputs
   for (size_t i = 0; i < inputs.size(); ++i) {
     const c10::IValue& iv = inputs[i];
     Arg& a = r.args[i];
@@ -450,7 +465,10 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
       // This op writes an external (StochasticDepth's noise: empty, then bernoulli_ and div_ in
       // place): keep its contents from before the write, for any re-run that reads them.
       const TensorSource& src = a.tensors.back();
-      if (a.written && src.kind == TensorSource::Kind::External && src.external.defined()) {
+      const bool profiled_written =
+          written_in_step && t.defined() && tensor_k < written_in_step->size() && (*written_in_step)[tensor_k];
+      if (t.defined()) ++tensor_k;
+      if ((a.written || profiled_written) && src.kind == TensorSource::Kind::External && src.external.defined()) {
         snapshot_external(src.external, src.external_version);
       }
     };

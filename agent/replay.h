@@ -201,6 +201,7 @@ class Replayer {
   std::vector<std::vector<int64_t>> output_values_;           // per fwd op: value of each output
   std::vector<std::vector<int64_t>> pack_values_;             // per fwd op: value of each pack
   std::vector<char> wants_packs_;                             // per fwd op
+  std::vector<std::vector<char>> written_input_;  // per fwd op, per input tensor: Value::written
 
   // Step state.
   bool diverged_ = false;

@@ -116,7 +116,15 @@ class GPT2(nn.Module):
                 self.shift.mul_(0.5).add_(mean)
         elif shift == "data":  # the same through .data, grad mode on: the version does not move
             self.shift.data.mul_(0.5).add_(mean)
-        return self.head(self.ln(x))
+        logits = self.head(self.ln(x))
+        if shift == "backward" and logits.requires_grad:
+            # In backward, from a hook, before the first block's values are rebuilt.
+            def update(grad):
+                with torch.no_grad():
+                    self.shift.mul_(0.5).add_(mean)
+
+            logits.register_hook(update)
+        return logits
 
 
 class CNN(nn.Module):

@@ -53,10 +53,10 @@ def parse():
     p.add_argument("--hardswish", action="store_true", help="CNN: in-place Hardswish activations (MobileNetV3's)")
     p.add_argument("--stochastic-depth", action="store_true",
                    help="GPT-2: a row-wise stochastic-depth noise (empty, bernoulli_, div_) on the embeddings")
-    p.add_argument("--shift-buffer", nargs="?", const="early", choices=["early", "late", "data"],
-                   help="GPT-2: a buffer added to the embeddings and updated in place in the same forward, "
-                        "under no_grad right after (early) or after the blocks (late), or through .data "
-                        "after the blocks (data)")
+    p.add_argument("--shift-buffer", nargs="?", const="early", choices=["early", "late", "data", "backward"],
+                   help="GPT-2: a buffer added to the embeddings and updated in place in the same step, "
+                        "under no_grad right after (early) or after the blocks (late), through .data "
+                        "after the blocks (data), or from a hook in backward (backward)")
     p.add_argument("--seq-cycle", default="",
                    help="GPT-2: comma-separated sequence lengths, one per forward/backward in turn (with "
                         "--accum 2 and two lengths: two kinds of step that alternate)")

@@ -75,6 +75,9 @@ struct Value {
   int64_t dies_after = -1;          // an input the script frees during the forward (the raw batch
                                     // after `x = normalize(x)`): the last forward op before its
                                     // storage was gone. -1: alive through the forward
+  bool written = false;             // an input (not a parameter) written in place during the step,
+                                    // forward or backward (a buffer a backward hook updates): a
+                                    // rebuild reads it from a copy taken when captured
 };
 
 struct Profile {

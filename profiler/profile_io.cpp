@@ -62,7 +62,7 @@ json value_to_json(const Value& v) {
               {"producer", v.producer},    {"consumers", v.consumers},
               {"saved_by", v.saved_by},    {"unpacked_by", v.unpacked_by},
               {"saved_bytes", v.saved_bytes}, {"held_outside", v.held_outside}, {"held_until", v.held_until},
-              {"dies_after", v.dies_after}};
+              {"dies_after", v.dies_after}, {"written", v.written}};
 }
 
 // Reading: nlohmann throws on type mismatch; the whole parse runs under one try so a bad file
@@ -269,6 +269,7 @@ bool profile_from_json(const std::string& text, Profile* out, std::string* error
       v.held_outside = jv.value("held_outside", false);
       v.held_until = jv.value("held_until", int64_t{-1});
       v.dies_after = jv.value("dies_after", int64_t{-1});
+      v.written = jv.value("written", false);
     }
   } catch (const std::exception& e) {
     *error = fmt::format("{}: {}", where, e.what());

@@ -47,6 +47,7 @@ void Recorder::begin_step(int64_t step_index) {
   seq_end_.clear();
   held_watch_.clear();
   input_watch_.clear();
+  input_versions_.clear();
   slots_.clear();
   index_.clear();
   current_op_ = -1;
@@ -77,6 +78,8 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
   } else {
     v.kind = ValueKind::Input;
     input_watch_.push_back(id);
+    const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
+    if (vc.enabled()) input_versions_.push_back({id, vc, vc.current_version()});
   }
   slots_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
   index_[s] = id;
@@ -369,6 +372,10 @@ Profile Recorder::end_step() {
   profile_.peak_bytes = std::max(memory_->peak(), profile_.baseline_bytes);
   profile_.end_bytes = memory_->live();
   profile_.overhead_us = static_cast<double>(overhead_ns_) / 1000.0;
+  for (const InputVersion& iv : input_versions_) {
+    if (iv.counter.current_version() != iv.version) profile_.values[iv.value].written = true;
+  }
+  input_versions_.clear();
   // Link every backward node to the forward op whose autograd kernel created it: op i created
   // the nodes numbered [seq_begin_[i], seq_end_[i]) on its thread.
   for (Op& n : profile_.backward) {

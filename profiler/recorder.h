@@ -131,6 +131,12 @@ class Recorder {
   // start until nothing else does (Value::held_until). Usually a handful.
   std::vector<int64_t> held_watch_;
   std::vector<int64_t> input_watch_;  // inputs still alive (Value::dies_after)
+  struct InputVersion {
+    int64_t value;
+    c10::VariableVersion counter;  // shared with the tensor (and its views)
+    uint32_t version;              // when first seen this step
+  };
+  std::vector<InputVersion> input_versions_;  // Value::written, checked at the step's end
   void update_held(int64_t op);
   int64_t current_op_ = -1;
   int64_t packs_in_op_ = 0;

@@ -230,16 +230,19 @@ def test_a_step_that_keeps_changing_falls_back_to_plain_pytorch(runner, plain_ru
     assert p.stderr.count("planning took") <= 1
 
 
-@pytest.mark.parametrize("when", ["early", "late", "data"])
+@pytest.mark.parametrize("when", ["early", "late", "data", "backward"])
 def test_a_buffer_written_in_the_forward_is_never_read_new_by_a_recompute(runner, plain_runs, when):
     # The model adds a buffer to its embeddings, then updates the buffer in place in the same
-    # forward: under no_grad right after the add (early), after the blocks (late), or through
-    # .data with grad mode on after the blocks (data; the buffer's version does not move).
+    # step: under no_grad right after the add (early), after the blocks (late), through .data
+    # with grad mode on after the blocks (data; the buffer's version does not move), or from a
+    # hook in backward, where no write is seen (backward: the profile says it was written, and a
+    # recipe copies it when it captures it).
     # Autograd saves nothing of it, so plain PyTorch is fine; a recompute of the add would read the
     # updated buffer and differ (early: other losses from the first replayed step; late: the
-    # rebuild raised in backward and killed the script; data: other gradients when the copy was
-    # taken but not read, the version being unchanged). The write is seen before it lands and the
-    # buffer copied first, so every value is evicted as planned from the first replayed step.
+    # rebuild raised in backward and killed the script, and so did backward; data: other
+    # gradients when the copy was taken but not read, the version being unchanged). The write is
+    # seen before it lands and the buffer copied first (or copied when captured), so every value
+    # is evicted as planned from the first replayed step.
     # At the minimum budget: its plan re-runs the add every time (at 50% some plans, which vary
     # with the measured times, do not, and a broken copy went unnoticed).
     extra = ["--shift-buffer", when]

@@ -31,6 +31,7 @@ Profile sample() {
   Value g{400, ValueKind::Gradient, -1, {}, {}, {}, 0, false};
   h.held_until = 1;  // a Python variable held it while relu ran
   x.dies_after = 0;  // the script dropped it after linear
+  x.written = true;  // and wrote it in place first
   p.values = {x, h, y, g};
 
   Op lin;
@@ -127,6 +128,7 @@ void expect_profile_eq(const Profile& a, const Profile& b) {
     EXPECT_EQ(x.held_outside, y.held_outside) << i;
     EXPECT_EQ(x.held_until, y.held_until) << i;
     EXPECT_EQ(x.dies_after, y.dies_after) << i;
+    EXPECT_EQ(x.written, y.written) << i;
   }
 }
 
