@@ -19,8 +19,10 @@
 #include "agent/log.h"
 #include "agent/pack_hooks.h"
 #include "hooks/op_callbacks.h"
+#include "planner/rerun_ops.h"
 #include "profiler/nvtx_ranges.h"
 #include "profiler/op_hash.h"
+#include "profiler/tensor_args.h"
 
 namespace memplan {
 
@@ -194,30 +196,9 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
   // before the forward) would keep memory alive that the script frees mid-step (+16-22% over
   // the predicted peak at 35% in that loop, measured).
   {
-    std::vector<std::vector<int64_t>> providers(profile.values.size());
-    for (size_t i = 0; i < n; ++i)
-      for (const TensorRef& t : profile.forward[i].outputs)
-        if (t.value >= 0 && static_cast<size_t>(t.value) < providers.size()) providers[t.value].push_back(i);
-    for (size_t v = 0; v < profile.values.size(); ++v) {
-      const int64_t prod = profile.values[v].producer;
-      if (prod >= 0 && static_cast<size_t>(prod) < n) providers[v].push_back(prod);
-    }
-    hold_externals_.assign(n, 0);
-    std::vector<int64_t> work;
-    auto need_value = [&](int64_t v) {
-      if (v < 0 || static_cast<size_t>(v) >= providers.size()) return;
-      for (int64_t o : providers[v])
-        if (!hold_externals_[o]) {
-          hold_externals_[o] = 1;
-          work.push_back(o);
-        }
-    };
-    for (const auto& e : plan_.evictions) need_value(e.value);
-    while (!work.empty()) {
-      const int64_t o = work.back();
-      work.pop_back();
-      for (const TensorRef& t : profile.forward[o].inputs) need_value(t.value);
-    }
+    std::vector<int64_t> evicted;
+    for (const auto& e : plan_.evictions) evicted.push_back(e.value);
+    hold_externals_ = planner::rerun_ops(profile, planner::value_providers(profile), evicted);
   }
   for (const auto& r : plan_.recomputes) recompute_before_[r.before_bwd] = &r;
   for (const auto& r : plan_.releases) release_after_[r.after_bwd].push_back(r.value);
@@ -454,7 +435,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
   const std::vector<char>& written = written_args(schema);
   const std::vector<char>* written_in_step =
       static_cast<size_t>(op) < written_input_.size() && !written_input_[op].empty() ? &written_input_[op] : nullptr;
-  size_t tensor_k = 0;  // defined tensors so far: the index of the profile op's inputs
+  size_t tensor_k = 0;  // defined tensors so far (for_each_tensor's order): the profile op's inputs
   for (size_t i = 0; i < inputs.size(); ++i) {
     const c10::IValue& iv = inputs[i];
     Arg& a = r.args[i];
@@ -702,15 +683,7 @@ void Replayer::before_write(const at::RecordFunction& fn) {
   if (w.empty()) return;
   const auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size() && i < w.size(); ++i) {
-    if (!w[i]) continue;
-    const c10::IValue& iv = inputs[i];
-    if (iv.isTensor()) {
-      guard_external(iv.toTensor());
-    } else if (iv.isList()) {
-      for (const c10::IValue& e : iv.toListRef()) {
-        if (e.isTensor()) guard_external(e.toTensor());
-      }
-    }
+    if (w[i]) for_each_tensor(inputs[i], [&](const at::Tensor& t) { guard_external(t); });
   }
 }
 

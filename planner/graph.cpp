@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "planner/rerun_ops.h"
+
 namespace memplan::planner {
 
 namespace {
@@ -87,7 +89,9 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
   for (size_t v = 0; v < nv; ++v) {
     G.held_until[v] = p.values[v].held_until;
     G.dies_after[v] = p.values[v].dies_after;
+    G.any_dies = G.any_dies || G.dies_after[v] >= 0;
   }
+  G.providers = value_providers(p);
   G.produces.assign(nf, {});
   G.deps.assign(nf, {});
   G.out_bytes.assign(nf, 0);

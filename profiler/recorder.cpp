@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "profiler/op_hash.h"
+#include "profiler/tensor_args.h"
 
 namespace memplan {
 
@@ -16,20 +17,6 @@ constexpr const char* kEnginePrefix = "autograd::engine::evaluate_function: ";
 
 void push_unique(std::vector<int64_t>* v, int64_t x) {
   if (v->empty() || v->back() != x) v->push_back(x);
-}
-
-// Calls f on each defined tensor of an op argument or result, in order: a tensor, or the tensors
-// of a list (a tensor list, or a list of optional tensors). The one traversal both recording
-// modes use, so the light op hash sees exactly the tensors a full-mode Op records.
-template <typename F>
-void for_each_tensor(const c10::IValue& iv, F f) {
-  if (iv.isTensor()) {
-    if (iv.toTensor().defined()) f(iv.toTensor());
-  } else if (iv.isList()) {
-    for (const c10::IValue& e : iv.toListRef()) {
-      if (e.isTensor() && e.toTensor().defined()) f(e.toTensor());
-    }
-  }
 }
 }  // namespace
 

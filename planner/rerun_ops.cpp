@@ -1,0 +1,39 @@
+#include "planner/rerun_ops.h"
+
+namespace memplan::planner {
+
+std::vector<std::vector<int64_t>> value_providers(const Profile& p) {
+  const size_t nv = p.values.size(), n = p.forward.size();
+  std::vector<std::vector<int64_t>> providers(nv);
+  for (size_t i = 0; i < n; ++i)
+    for (const TensorRef& t : p.forward[i].outputs)
+      if (t.value >= 0 && static_cast<size_t>(t.value) < nv) providers[t.value].push_back(static_cast<int64_t>(i));
+  for (size_t v = 0; v < nv; ++v) {
+    const int64_t prod = p.values[v].producer;
+    if (prod >= 0 && static_cast<size_t>(prod) < n) providers[v].push_back(prod);
+  }
+  return providers;
+}
+
+std::vector<char> rerun_ops(const Profile& p, const std::vector<std::vector<int64_t>>& providers,
+                            const std::vector<int64_t>& evicted) {
+  std::vector<char> rerun(p.forward.size(), 0);
+  std::vector<int64_t> work;
+  auto need = [&](int64_t v) {
+    if (v < 0 || static_cast<size_t>(v) >= providers.size()) return;
+    for (int64_t o : providers[v])
+      if (!rerun[o]) {
+        rerun[o] = 1;
+        work.push_back(o);
+      }
+  };
+  for (int64_t v : evicted) need(v);
+  while (!work.empty()) {
+    const int64_t o = work.back();
+    work.pop_back();
+    for (const TensorRef& t : p.forward[o].inputs) need(t.value);
+  }
+  return rerun;
+}
+
+}  // namespace memplan::planner
