@@ -47,15 +47,14 @@ def main():
     print(f"| model | budget | feasible | measured peak | predicted | error | act. measured | median step | overhead | identical |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
-        plain_times, runs = [], {b: [] for b in budgets}
-        plain = None
+        plains, runs = [], {b: [] for b in budgets}
         for _ in range(args.rounds):
-            plain = mr.run(model, args.steps, memplan=False, extra_args=extra)
-            plain_times.append(plain["step_s"])
+            plains.append(mr.run(model, args.steps, memplan=False, extra_args=extra))
             for b in budgets:
                 budget = None if b in plans else "1%" if b == "min" else b
                 runs[b].append(mr.run(model, args.steps, budget=budget, plan=plans.get(b), extra_args=extra))
-        t0 = statistics.median(plain_times)
+        plain = plains[-1]
+        t0 = statistics.median(x["step_s"] for x in plains)
         for b in budgets:
             r = runs[b][-1]
             rep = r["report"]
@@ -71,6 +70,8 @@ def main():
             print(f"| {model} | {b} | {plan.get('feasible', True)} | {mr.mib(measured)} | {mr.mib(pred)} | "
                   f"{100 * (measured / pred - 1):+.1f}% | {100 * (measured - prof['baseline_bytes']) / max(act, 1):.0f}% | "
                   f"{1000 * t:.1f} ms | x{t / t0:.3f} | {'yes' if same else 'NO'} |", flush=True)
+        for r in [*plains, *(x for b in budgets for x in runs[b])]:
+            mr.discard(r)  # each run's dump of losses and gradients: up to hundreds of MiB
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 Shared by tools/demo.py and bench/replay_bench.py (not part of the agent)."""
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -21,11 +22,31 @@ def _env(extra):
     return env
 
 
+# Every run's files (a dump of all losses and gradients can be hundreds of MiB) live under one
+# directory that goes away when the calling script exits, even on an exception; discard() frees
+# a run's files sooner.
+_scratch = None
+
+
+def _new_workdir():
+    global _scratch
+    if _scratch is None:
+        _scratch = tempfile.TemporaryDirectory(prefix="memplan-runs-")
+    return Path(tempfile.mkdtemp(dir=_scratch.name))
+
+
+def discard(result):
+    """Deletes the files of a run() result that used the scratch directory."""
+    if _scratch is not None and Path(_scratch.name) in Path(result["dir"]).parents:
+        shutil.rmtree(result["dir"], ignore_errors=True)
+
+
 def run(model, steps, budget=None, memplan=True, extra_args=(), python=sys.executable, warmup=2,
         quiet=True, workdir=None, plan=None):
     """One run. budget=None with memplan=True profiles only; plan: a plan file to replay
-    (MEMPLAN_PLAN) instead of planning. Returns a dict of what it measured."""
-    work = Path(workdir or tempfile.mkdtemp(prefix="memplan-run-"))
+    (MEMPLAN_PLAN) instead of planning. workdir: where the run's files go (kept); by default a
+    scratch directory deleted at exit. Returns a dict of what it measured."""
+    work = Path(workdir) if workdir else _new_workdir()
     args = [str(python), str(TRAIN), "--model", model, "--steps", str(steps), "--dump", "dump.pt",
             "--times", "times.json", *extra_args]
     env = {"MEMPLAN_WARMUP": warmup, "MEMPLAN_REPORT": "report.json"}
