@@ -5,6 +5,7 @@
 #include <c10/core/Device.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <filesystem>
@@ -24,6 +25,7 @@
 #include "profiler/nvtx_ranges.h"
 #include "profiler/profile_io.h"
 #include "profiler/summary.h"
+#include "profiler/tensor_args.h"
 #include "profiler/trace_export.h"
 
 namespace memplan {
@@ -113,6 +115,7 @@ bool Agent::boot() {
     return false;
   }
   if (phase_ != Phase::Off) return true;
+  owner_ = at::RecordFunction::currentThreadId();
   set_nvtx_enabled(opt.nvtx);
   if (!install_cpu_allocator()) warn("CPU allocator wrapper not installed; CPU memory is not accounted");
   attach_cuda_tracker();
@@ -130,8 +133,44 @@ bool Agent::boot() {
 
 bool Agent::recording() const { return phase_ == Phase::Warmup || phase_ == Phase::Replay; }
 
+bool Agent::on_owner_thread() const { return at::RecordFunction::currentThreadId() == owner_; }
+
+namespace {
+// Whether the op reads a tensor that requires grad: only such an op can make an autograd node or
+// save anything. Cost: one scan of the inputs (boxed for us anyway).
+bool reads_grad(const at::RecordFunction& fn) {
+  bool grad = false;
+  for (const c10::IValue& iv : fn.inputs()) {
+    for_each_tensor(iv, [&](const at::Tensor& t) { grad = grad || t.requires_grad(); });
+  }
+  return grad;
+}
+}  // namespace
+
+// Another thread's op: never part of the step. Said once if it looks like training (an input
+// that requires grad), since memplan then plans nothing on that thread. No agent state touched.
+void Agent::foreign_op(const at::RecordFunction& fn) {
+  static std::atomic<bool> said{false};
+  if (inert_ || said.load(std::memory_order_relaxed) || !at::GradMode::is_enabled()) return;
+  if (reads_grad(fn) && !said.exchange(true)) {
+    log_once("foreign-thread", LogLevel::Info,
+             "ops with gradients run on a thread other than the one that imported torch: memplan "
+             "observes and plans only that thread's training steps; the other thread's run as "
+             "plain PyTorch");
+  }
+}
+
 void Agent::op_start(const at::RecordFunction& fn) {
+  if (fn.threadId() != owner_) {
+    foreign_op(fn);
+    return;
+  }
   if (inert_ || !recording() || backward_depth_ > 0 || !at::GradMode::is_enabled()) return;
+  // A step begins at its first op that reads a tensor requiring grad. The ops before it (the
+  // batch moved to the device, normalized, or rebuilt from a DataLoader worker's shared memory,
+  // whose count depends on the order the workers' batches arrived in) make no autograd node and
+  // save nothing: not part of the step, so the step's ops, and so its kind, do not depend on them.
+  if (!recorder_.in_step() && !reads_grad(fn)) return;
   OverheadTimer timer(&recorder_);
   if (!recorder_.in_step()) {
     const bool cuda = first_tensor_on_cuda(fn) && cuda_memory().active();
@@ -165,11 +204,15 @@ void Agent::op_start(const at::RecordFunction& fn) {
 // after the op that read it): the replayer copies it first. Cost while replaying: a few flag
 // checks, then Replayer::before_write's.
 void Agent::untracked_op(const at::RecordFunction& fn) {
-  if (inert_ || phase_ != Phase::Replay || backward_depth_ > 0 || !replayer_ || choice_.profile) return;
+  if (fn.threadId() != owner_ || inert_ || phase_ != Phase::Replay || backward_depth_ > 0 || !replayer_ ||
+      choice_.profile) {
+    return;
+  }
   replayer_->before_write(fn);
 }
 
 void Agent::op_end(const at::RecordFunction& fn) {
+  if (fn.threadId() != owner_) return;
   restore_pack_hooks();
   if (inert_ || recorder_.current_op() < 0) return;
   OverheadTimer timer(&recorder_);
@@ -185,8 +228,14 @@ void Agent::op_end(const at::RecordFunction& fn) {
   if (choice_.profile) nvtx::range_pop();
 }
 
+// A node of a graph another thread built (its own backward, running beside ours) is not the
+// step's. The engine's "evaluate_function" wrapper carries no forward thread (0).
+bool Agent::foreign_node(const at::RecordFunction& fn) const {
+  return fn.forwardThreadId() != 0 && fn.forwardThreadId() != owner_;
+}
+
 void Agent::node_start(const at::RecordFunction& fn) {
-  if (inert_ || !recording() || !recorder_.in_step() || backward_depth_ == 0) return;
+  if (foreign_node(fn) || inert_ || !recording() || !recorder_.in_step() || backward_depth_ == 0) return;
   OverheadTimer timer(&recorder_);
   const int64_t before = recorder_.current_node();
   recorder_.node_start(fn);
@@ -197,7 +246,7 @@ void Agent::node_start(const at::RecordFunction& fn) {
 }
 
 void Agent::node_end(const at::RecordFunction& fn) {
-  if (inert_ || !recording() || !recorder_.in_step() || backward_depth_ == 0) return;
+  if (foreign_node(fn) || inert_ || !recording() || !recorder_.in_step() || backward_depth_ == 0) return;
   OverheadTimer timer(&recorder_);
   // Ignored when that node is not open (the engine wrapper's end comes after the node's).
   if (timing_device_ && recorder_.current_node() >= 0) device_timer_.op_end(backward_op_id(recorder_.current_node()));
@@ -218,7 +267,7 @@ Saved Agent::pack(const at::Tensor& t) {
   s.version = s.counter.current_version();
   s.grad_fn = c10::weak_intrusive_ptr<torch::autograd::Node>(t.grad_fn());
   s.output_nr = t.output_nr();
-  if (!inert_ && recording() && recorder_.in_step() && backward_depth_ == 0) {
+  if (!inert_ && recording() && recorder_.in_step() && backward_depth_ == 0 && on_owner_thread()) {
     OverheadTimer timer(&recorder_);
     s.value = recorder_.on_pack(t);
     s.step = steps_;
@@ -265,12 +314,13 @@ void Agent::restore_pack_hooks() {
 }
 
 void Agent::optimizer_step_begin(bool differentiable) {
-  if (inert_ || differentiable || phase_ == Phase::Done) return;
+  if (inert_ || !on_owner_thread() || differentiable || phase_ == Phase::Done) return;
   quiet_ops_begin();
   opt_live_before_ = recording() && recorder_.in_step() ? recorder_.live() : -1;
 }
 
 void Agent::optimizer_step_end() {
+  if (!on_owner_thread()) return;
   // State the optimizer kept (made lazily by its first step: SGD's momentum, Adam's moments) is
   // no activation of the step whose window the step fell in: without this, a script that records
   // ops between backward and the optimizer step (logging grad clones) profiled its first steps
@@ -283,8 +333,16 @@ void Agent::optimizer_step_end() {
   quiet_ops_end();
 }
 
+namespace {
+thread_local int tl_foreign_backward = 0;  // backward calls of another thread, nested
+}
+
 void Agent::backward_begin() {
   if (inert_) return;
+  if (!on_owner_thread()) {
+    ++tl_foreign_backward;  // another thread's backward is no step boundary of ours
+    return;
+  }
   if (quiet_ops_active()) {
     // An optimizer step raised (its post hook never ran) and the script went on: observe again
     // from the next step; this one's forward went unseen, so it runs without planned actions.
@@ -309,6 +367,10 @@ void Agent::backward_begin() {
 
 bool Agent::backward_end() {
   if (inert_) return false;
+  if (tl_foreign_backward > 0) {
+    --tl_foreign_backward;
+    return phase_ != Phase::Done;
+  }
   if (backward_depth_ == 0) return phase_ != Phase::Done;
   if (--backward_depth_ > 0) return true;
   pause_forward_ops(false);

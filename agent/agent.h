@@ -96,6 +96,15 @@ class Agent final : public OpSink {
   bool nothing_to_do() const;
   void write_outputs();
 
+  // The training thread: the one that loaded the agent, the only one with our saved-tensor
+  // hooks on its stack. Only its ops, its backward calls and the backward nodes of graphs it
+  // built are observed: a step recorded from two threads at once (a prefetch thread normalizing
+  // the next batch while the main thread trains) raced in the recorder and crashed the process.
+  // Set once in boot(), before the script starts any thread.
+  uint64_t owner_ = 0;
+  bool on_owner_thread() const;   // cost: a TLS read
+  void foreign_op(const at::RecordFunction& fn);
+  bool foreign_node(const at::RecordFunction& fn) const;
   std::mutex mu_;  // guards step transitions against a second training thread; not the hot path
   Phase phase_ = Phase::Off;
   bool inert_ = false;

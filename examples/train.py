@@ -61,6 +61,8 @@ def parse():
                    help="GPT-2: comma-separated sequence lengths, one per forward/backward in turn (with "
                         "--accum 2 and two lengths: two kinds of step that alternate)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
+    p.add_argument("--side-thread", action="store_true",
+                   help="a thread running tensor ops and its own small backward beside training")
     p.add_argument("--dump", help="torch.save losses, every gradient and every buffer of every step here")
     p.add_argument("--profile-step", type=int, default=-1,
                    help="write top-level forward op names and the memory peak of this step (torch.profiler)")
@@ -128,6 +130,26 @@ def memory_peak(prof):
     return peak
 
 
+def start_side_thread():
+    """A thread that keeps running tensor ops with grad mode on, and now and then a backward of
+    its own, while the main thread trains (as a prefetch or metrics thread would). It shares
+    nothing with the model. Returns the Event that stops it."""
+    import threading
+
+    stop = threading.Event()
+
+    def work():
+        t = torch.ones(64, 64)
+        w = torch.ones(64, requires_grad=True)
+        while not stop.is_set():
+            for _ in range(20):
+                t = (t * 0.5 + 0.5).tanh()
+            (w * t[0]).sum().backward()
+
+    threading.Thread(target=work, daemon=True).start()
+    return stop
+
+
 class Loader(torch.utils.data.Dataset):
     def __init__(self, name, steps, args):
         self.name, self.steps, self.args = name, steps, args
@@ -176,6 +198,7 @@ def main():
     data = torch.utils.data.DataLoader(Loader(args.model, args.steps, args), batch_size=None,
                                        num_workers=args.workers)
     it = iter(data)
+    side = start_side_thread() if args.side_thread else None
     record = {"loss": [], "grads": [], "buffers": []}
     logged = []
     times = []
@@ -284,6 +307,8 @@ def main():
                                         if p.grad is not None})
                 # Buffers too: BatchNorm's running statistics are part of the result.
                 record["buffers"].append({n: b.detach().clone() for n, b in model.named_buffers()})
+    if side is not None:
+        side.set()
     if args.dump:
         torch.save(record, args.dump)
     if args.times:
