@@ -369,7 +369,7 @@ bool Agent::backward_end() {
   if (inert_) return false;
   if (tl_foreign_backward > 0) {
     --tl_foreign_backward;
-    return phase_ != Phase::Done;
+    return true;  // only the training thread's backward ends the agent's work
   }
   if (backward_depth_ == 0) return phase_ != Phase::Done;
   if (--backward_depth_ > 0) return true;
