@@ -44,8 +44,8 @@ def parse():
                    help="compute the loss under the script's own saved_tensors_hooks; print how many packs they saw")
     p.add_argument("--inplace-error", action="store_true", help="modify a saved tensor in place (autograd error)")
     p.add_argument("--seq-change-at", type=int, default=-1, help="GPT-2: sequence length changes from this step")
-    p.add_argument("--log-grads-before-step", action="store_true",
-                   help="like --log-grads, but between backward and the optimizer step")
+    p.add_argument("--log-params-before-step", action="store_true",
+                   help="keep a copy of every parameter, made between backward and the optimizer step")
     p.add_argument("--sdpa", action="store_true",
                    help="GPT-2: F.scaled_dot_product_attention with its dropout (random, no Generator argument)")
     p.add_argument("--noisy-op", action="store_true",
@@ -277,10 +277,12 @@ def main():
             # Drop this micro-step's tensors now rather than when the next one rebinds the names,
             # so each step's memory starts from the same state (what torch.profiler measures).
             del x, y, out, loss
-        if args.log_grads_before_step:
-            # Grad clones between backward and the optimizer step (grad mode on): the next step's
-            # window opens here, so it holds the optimizer step, whose first call makes Adam's state.
-            logged.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        if args.log_params_before_step:
+            # Parameter copies between backward and the optimizer step (grad mode on):
+            # `p.detach()` reads a tensor that requires grad, so the next step's window opens here
+            # and holds the optimizer step, whose first call makes Adam's state. (Grad copies
+            # would not: they read nothing that requires grad.)
+            logged.append([p.detach().clone() for p in model.parameters()])
         try:
             opt.step()
         except RuntimeError as e:
@@ -292,8 +294,11 @@ def main():
             print("USER_PROFILER_OPS " + json.dumps(sorted({e.name for e in user_prof.events()})), file=sys.stderr)
             user_prof = None
         if args.log_grads:
-            # A user's own logging, with grad mode on, between this backward and the next forward.
-            logged.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+            # A user's own logging, with grad mode on, between this backward and the next forward:
+            # a statistic of each parameter (it reads a tensor that requires grad, so the next
+            # step's window opens here) and a copy of each gradient.
+            logged.append([(p.detach().abs().max(), p.grad.clone()) for p in model.parameters()
+                           if p.grad is not None])
         if args.eval_every and step % args.eval_every == 0:
             with torch.no_grad():
                 x, _ = models.make_batch(args.model, 10_000 + step, batch=args.batch)

@@ -138,21 +138,21 @@ def test_autocast_bit_identical_and_weight_cache_not_evicted(runner, plain_runs)
 
 
 def test_script_allocating_between_steps_keeps_the_peak_as_predicted(runner, plain_runs):
-    """The script clones every gradient after opt.step with grad mode on, so the next step begins
-    at those clones and their inputs (last step's gradients, freed by zero_grad mid-step) existed
-    before it. The replay must not keep such inputs alive: only ops a rebuild may re-run hold
+    """The script logs every parameter (p.detach(): the next step begins there) and clones every
+    gradient after opt.step with grad mode on, so the clones are in the next step and their inputs
+    (last step's gradients, freed by zero_grad mid-step) existed before it. The replay must not keep such inputs alive: only ops a rebuild may re-run hold
     them (measured before: +16% over the predicted peak at 35% in such a loop)."""
     p, report = identical_replay(runner, plain_runs, "gpt2", "50%", ["--log-grads"])
     assert_peaks_as_predicted(report)
 
 
 def test_optimizer_state_made_inside_a_profiled_step_is_no_activation(runner, plain_runs):
-    """Grad clones between backward and opt.step open the next step's window before the optimizer
+    """Parameter copies between backward and opt.step open the next step's window before the optimizer
     step, so the profiled step 1 holds Adam's first step, which makes its state (two tensors per
     parameter). That memory stays: it is counted with what the step began with, not as the
     step's activations (before: every later step measured 30% under the prediction at 35-50%, and
     torchvision resnet18 24% under at 50%, all of it the state)."""
-    p, report = identical_replay(runner, plain_runs, "gpt2", "40%", ["--log-grads-before-step"])
+    p, report = identical_replay(runner, plain_runs, "gpt2", "40%", ["--log-params-before-step"])
     assert_peaks_as_predicted(report)
 
 
