@@ -93,11 +93,14 @@ void apply_device_times(std::vector<Op>* ops, const std::vector<double>& cupti, 
   }
 }
 
-bool first_tensor_on_cuda(const at::RecordFunction& fn) {
+// Which allocator accounts the step: CUDA's if its first op reads any CUDA tensor (an op mixing
+// devices reads a CPU scalar or index beside CUDA tensors, never the other way round).
+bool reads_cuda(const at::RecordFunction& fn) {
+  bool cuda = false;
   for (const c10::IValue& iv : fn.inputs()) {
-    if (iv.isTensor() && iv.toTensor().defined()) return iv.toTensor().device().is_cuda();
+    for_each_tensor(iv, [&](const at::Tensor& t) { cuda = cuda || t.device().is_cuda(); });
   }
-  return false;
+  return cuda;
 }
 }  // namespace
 
@@ -173,7 +176,7 @@ void Agent::op_start(const at::RecordFunction& fn) {
   if (!recorder_.in_step() && !reads_grad(fn)) return;
   OverheadTimer timer(&recorder_);
   if (!recorder_.in_step()) {
-    const bool cuda = first_tensor_on_cuda(fn) && cuda_memory().active();
+    const bool cuda = reads_cuda(fn) && cuda_memory().active();
     recorder_.set_memory(cuda ? &cuda_memory() : &cpu_memory());
     step_device_ = cuda ? "cuda" : "cpu";
     begin_step();
