@@ -93,14 +93,27 @@ void apply_device_times(std::vector<Op>* ops, const std::vector<double>& cupti, 
   }
 }
 
+// Whether any tensor argument of the op (lists included) satisfies `pred`. Cost: one scan of the
+// inputs (boxed for us anyway).
+template <typename Pred>
+bool any_input(const at::RecordFunction& fn, Pred pred) {
+  bool any = false;
+  for (const c10::IValue& iv : fn.inputs()) {
+    for_each_tensor(iv, [&](const at::Tensor& t) { any = any || pred(t); });
+  }
+  return any;
+}
+
 // Which allocator accounts the step: CUDA's if its first op reads any CUDA tensor (an op mixing
 // devices reads a CPU scalar or index beside CUDA tensors, never the other way round).
 bool reads_cuda(const at::RecordFunction& fn) {
-  bool cuda = false;
-  for (const c10::IValue& iv : fn.inputs()) {
-    for_each_tensor(iv, [&](const at::Tensor& t) { cuda = cuda || t.device().is_cuda(); });
-  }
-  return cuda;
+  return any_input(fn, [](const at::Tensor& t) { return t.device().is_cuda(); });
+}
+
+// Whether the op reads a tensor that requires grad: only such an op can make an autograd node or
+// save anything.
+bool reads_grad(const at::RecordFunction& fn) {
+  return any_input(fn, [](const at::Tensor& t) { return t.requires_grad(); });
 }
 }  // namespace
 
@@ -138,24 +151,13 @@ bool Agent::recording() const { return phase_ == Phase::Warmup || phase_ == Phas
 
 bool Agent::on_owner_thread() const { return at::RecordFunction::currentThreadId() == owner_; }
 
-namespace {
-// Whether the op reads a tensor that requires grad: only such an op can make an autograd node or
-// save anything. Cost: one scan of the inputs (boxed for us anyway).
-bool reads_grad(const at::RecordFunction& fn) {
-  bool grad = false;
-  for (const c10::IValue& iv : fn.inputs()) {
-    for_each_tensor(iv, [&](const at::Tensor& t) { grad = grad || t.requires_grad(); });
-  }
-  return grad;
-}
-}  // namespace
-
 // Another thread's op: never part of the step. Said once if it looks like training (an input
 // that requires grad), since memplan then plans nothing on that thread. No agent state touched.
 void Agent::foreign_op(const at::RecordFunction& fn) {
   static std::atomic<bool> said{false};
   if (inert_ || said.load(std::memory_order_relaxed) || !at::GradMode::is_enabled()) return;
-  if (reads_grad(fn) && !said.exchange(true)) {
+  if (reads_grad(fn)) {
+    said.store(true, std::memory_order_relaxed);  // spares later ops the scan; log_once says it once
     log_once("foreign-thread", LogLevel::Info,
              "ops with gradients run on a thread other than the one that imported torch: memplan "
              "observes and plans only that thread's training steps; the other thread's run as "
@@ -325,9 +327,9 @@ void Agent::optimizer_step_begin(bool differentiable) {
 void Agent::optimizer_step_end() {
   if (!on_owner_thread()) return;
   // State the optimizer kept (made lazily by its first step: SGD's momentum, Adam's moments) is
-  // no activation of the step whose window the step fell in: without this, a script that records
-  // ops between backward and the optimizer step (logging grad clones) profiled its first steps
-  // with tens of MiB of "activation" that no later step has.
+  // no activation of the step whose window the step fell in: without this, a script that runs an
+  // op reading a tensor that requires grad between backward and the optimizer step (copying its
+  // parameters) profiled its first steps with tens of MiB of "activation" that no later step has.
   if (opt_live_before_ >= 0 && recording() && recorder_.in_step()) {
     const int64_t kept = recorder_.live() - opt_live_before_;
     if (kept > 0) recorder_.raise_baseline(kept);
@@ -377,7 +379,6 @@ bool Agent::backward_end() {
   if (backward_depth_ == 0) return phase_ != Phase::Done;
   if (--backward_depth_ > 0) return true;
   pause_forward_ops(false);
-  std::lock_guard<std::mutex> lock(mu_);
   // Wall time of each whole iteration (backward end to backward end), by the phase it ran in:
   // what recording and replay really cost, boxing and Python hooks included.
   const auto now = std::chrono::steady_clock::now();

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -105,7 +104,6 @@ class Agent final : public OpSink {
   bool on_owner_thread() const;   // cost: a TLS read
   void foreign_op(const at::RecordFunction& fn);
   bool foreign_node(const at::RecordFunction& fn) const;
-  std::mutex mu_;  // guards step transitions against a second training thread; not the hot path
   Phase phase_ = Phase::Off;
   bool inert_ = false;
   bool finished_ = false;
