@@ -181,7 +181,7 @@ void Agent::op_start(const at::RecordFunction& fn) {
     const bool cuda = reads_cuda(fn) && cuda_memory().active();
     recorder_.set_memory(cuda ? &cuda_memory() : &cpu_memory());
     step_device_ = cuda ? "cuda" : "cpu";
-    begin_step();
+    begin_step(fn);
     timing_device_ = choice_.profile && cuda && device_timer_.begin_step();
   }
   if (choice_.profile) nvtx::range_push(fn.name());
@@ -384,8 +384,13 @@ bool Agent::backward_end() {
   const auto now = std::chrono::steady_clock::now();
   if (steps_ > 0) {
     const double us = std::chrono::duration<double, std::micro>(now - last_backward_end_).count();
-    const int slot = recording() && recorder_.in_step() ? (choice_.profile ? 0 : 2) : 1;
-    iteration_us_[slot].push_back(us);
+    if (!recording() || !recorder_.in_step()) {
+      iteration_us_[1].push_back(us);
+    } else if (choice_.profile) {
+      iteration_us_[0].push_back(us);
+    } else {
+      plans_[static_cast<size_t>(choice_.plan)].iteration_us.push_back(us);
+    }
   }
   last_backward_end_ = now;
   if (recording() && recorder_.in_step()) {
@@ -406,10 +411,11 @@ bool Agent::backward_end() {
   return phase_ != Phase::Done;
 }
 
-// At a step's first op: which kind of step this is predicted to be, and so whether it is recorded
-// whole (profiled) or replays that kind's plan.
-void Agent::begin_step() {
-  choice_ = planning_ ? kinds_.next() : StepKinds::Choice{};
+// At a step's first op: which kind of step this is predicted to be (among those that start with
+// this op), and so whether it is recorded whole (profiled) or replays that kind's plan.
+void Agent::begin_step(const at::RecordFunction& first) {
+  first_op_ = Recorder::identity_hash(first);
+  choice_ = planning_ ? kinds_.next(first_op_) : StepKinds::Choice{};
   replayer_ = choice_.profile ? nullptr : plans_[static_cast<size_t>(choice_.plan)].replayer.get();
   // Replayed steps are recorded light, their record read for its peak and signature only; the
   // first one with actions is kept whole, for the trace. A debug log keeps every one whole.
@@ -465,7 +471,7 @@ void Agent::end_step(Profile p) {
           choice_.profile ? "profiled" : fmt::format("replayed kind {:016x}", choice_.kind),
           diverged ? ", diverged" : "");
   }
-  const bool plan_now = kinds_.finish(choice_, p.signature, diverged);
+  const bool plan_now = kinds_.finish(choice_, p.signature, first_op_, diverged);
   if (choice_.profile) {
     profiles_.push_back(std::move(p));
     outputs_written_ = false;
@@ -506,11 +512,15 @@ void Agent::plan_kind(const Profile& p) {
   write_outputs();
   PlanRecord rec;
   rec.kind = p.signature;
+  const auto t0 = std::chrono::steady_clock::now();
   {
     nvtx::ScopedRange range("memplan/plan");
     std::optional<planner::Plan> plan = obtain_plan(p, &rec.info);
     if (plan && !plan->empty()) rec.replayer = std::make_unique<Replayer>(p, std::move(*plan));
   }
+  // Planning runs once, at a backward's end, and is reported on its own ("planning took"): the
+  // next iteration's wall time starts after it.
+  last_backward_end_ += std::chrono::steady_clock::now() - t0;
   if (!plans_.empty()) {
     info("planned another kind of step ({} op sequences seen): each kind replays its own plan",
          kinds_.kinds());
@@ -772,10 +782,10 @@ std::string Agent::replay_summary(const PlanRecord& rec, const std::string& titl
                      st.steps, format_bytes(med), pct(med), format_bytes(p.predicted_peak),
                      p.predicted_peak > 0 ? 100.0 * (static_cast<double>(med) / p.predicted_peak - 1.0) : 0.0));
   }
-  if (!iteration_us_[2].empty()) {
+  if (!rec.iteration_us.empty()) {
     line(fmt::format("replayed iterations: {:.2f} ms (median wall time, optimizer and data included), of which "
                      "{:.3f} ms in the agent's callbacks (recording, replay, planned rebuilds)",
-                     median(iteration_us_[2]) / 1000, median(st.callback_us) / 1000));
+                     median(rec.iteration_us) / 1000, median(st.callback_us) / 1000));
   }
   line(fmt::format("saved tensors evicted {}, rebuilt {} ({} on demand), forward ops re-run {}, kept "
                    "(no recipe) {}, divergences {}",

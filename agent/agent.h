@@ -79,6 +79,7 @@ class Agent final : public OpSink {
     uint64_t kind = 0;
     PlanInfo info;
     std::unique_ptr<Replayer> replayer;  // null: nothing to do for this kind (or no plan made)
+    std::vector<double> iteration_us;    // wall time of each iteration that replayed it
   };
 
   Agent();
@@ -87,7 +88,7 @@ class Agent final : public OpSink {
   std::string replay_summary(const PlanRecord& rec, const std::string& title) const;
   void write_report(const std::string& path) const;
   MemoryCounter* memory_for_step();
-  void begin_step();
+  void begin_step(const at::RecordFunction& first);
   void end_step(Profile p);
   void plan_kind(const Profile& p);
   // Nothing left to do (profile only, no action needed, or given up): the op callbacks go.
@@ -113,6 +114,7 @@ class Agent final : public OpSink {
   std::vector<Profile> profiles_; // steps recorded whole (warm-up, and each new kind's)
   bool planning_ = false;         // a budget or a plan file: kinds get plans (else profile only)
   StepKinds kinds_{2};
+  uint64_t first_op_ = 0;         // the running step's first op (Recorder::identity_hash)
   StepKinds::Choice choice_;      // the running step's: profile it, or replay plans_[choice_.plan]
   std::string profile_path_, trace_path_;
   std::string step_device_ = "cpu";
@@ -123,7 +125,7 @@ class Agent final : public OpSink {
   Replayer* replayer_ = nullptr;   // the running step's, while it replays a plan with actions
   bool replay_range_ = false;      // the "memplan/replay" NVTX range is open
   std::chrono::steady_clock::time_point last_backward_end_;
-  std::vector<double> iteration_us_[3];  // iterations that recorded, ran plainly, replayed
+  std::vector<double> iteration_us_[2];  // iterations that recorded, ran plainly (replayed: per plan)
   std::unique_ptr<Profile> replay_profile_;  // the first replayed step, for the trace
   int64_t opt_live_before_ = -1;    // bytes allocated when the running optimizer step began
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)

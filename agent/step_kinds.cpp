@@ -6,28 +6,57 @@
 
 namespace memplan {
 
-std::optional<uint64_t> StepKinds::predict() const {
-  if (history_.empty()) return std::nullopt;
-  const size_t n = history_.size();
-  // Longest match: for each earlier end position j (latest first), how many steps before j equal
-  // the same number of steps at the history's end. A tie keeps the latest j.
-  size_t best_len = 0, best_j = n;
+namespace {
+
+// The longest-context prediction over `history`, among the kinds `ok` accepts: what followed the
+// latest earlier occurrence of the longest history suffix (up to `max_context` steps) that was
+// followed by an accepted kind; with no context, the last kind if accepted, else the latest
+// accepted one in the history.
+template <typename Ok>
+std::optional<uint64_t> longest_context(const std::deque<uint64_t>& history, size_t max_context, Ok ok) {
+  if (history.empty()) return std::nullopt;
+  const size_t n = history.size();
+  // For each earlier end position j (latest first): how many steps before j equal the same
+  // number of steps at the history's end. A tie keeps the latest j.
+  size_t best_len = 0, best_j = n, latest_j = n;
   for (size_t j = n - 1; j-- > 0;) {
+    if (!ok(history[j + 1])) continue;
+    if (latest_j == n) latest_j = j;
     size_t len = 0;
-    while (len < kMaxContext && len <= j && history_[j - len] == history_[n - 1 - len]) ++len;
+    while (len < max_context && len <= j && history[j - len] == history[n - 1 - len]) ++len;
     if (len > best_len) {
       best_len = len;
       best_j = j;
-      if (len == kMaxContext) break;
+      if (len == max_context) break;
     }
   }
-  if (best_len == 0) return history_.back();
-  return history_[best_j + 1];
+  if (best_len > 0) return history[best_j + 1];
+  if (ok(history.back())) return history.back();
+  if (latest_j < n) return history[latest_j + 1];
+  return std::nullopt;
 }
 
-StepKinds::Choice StepKinds::next() const {
+}  // namespace
+
+std::optional<uint64_t> StepKinds::predict() const {
+  return longest_context(history_, kMaxContext, [](uint64_t) { return true; });
+}
+
+std::optional<uint64_t> StepKinds::predict(uint64_t first_op) const {
+  const auto starts = [&](uint64_t kind) {
+    auto it = kinds_.find(kind);
+    return it != kinds_.end() && it->second.first_op == first_op;
+  };
+  if (std::optional<uint64_t> kind = longest_context(history_, kMaxContext, starts)) return kind;
+  for (const auto& [k, info] : kinds_) {  // a kind seen before the history's window
+    if (info.first_op == first_op) return k;
+  }
+  return std::nullopt;
+}
+
+StepKinds::Choice StepKinds::next(uint64_t first_op) const {
   Choice c;
-  const std::optional<uint64_t> kind = predict();
+  const std::optional<uint64_t> kind = predict(first_op);
   if (!kind) return c;
   c.kind = *kind;
   auto it = kinds_.find(*kind);
@@ -38,7 +67,7 @@ StepKinds::Choice StepKinds::next() const {
   return c;
 }
 
-bool StepKinds::finish(const Choice& c, uint64_t signature, bool diverged) {
+bool StepKinds::finish(const Choice& c, uint64_t signature, uint64_t first_op, bool diverged) {
   history_.push_back(signature);
   if (history_.size() > kWindow) history_.pop_front();
   const bool missed = !c.profile && (diverged || signature != c.kind);
@@ -50,8 +79,10 @@ bool StepKinds::finish(const Choice& c, uint64_t signature, bool diverged) {
     // The same ops, yet the replay left the profile (a saved tensor or a node differed): this
     // kind's plan no longer describes its steps; record it again.
     k = Kind{};
+    k.first_op = first_op;
     return false;
   }
+  k.first_op = first_op;
   if (!c.profile) return false;
   ++k.profiled;
   ++recorded_;

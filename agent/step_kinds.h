@@ -1,11 +1,14 @@
 // Which kind of training step comes next, and when to stop trying.
 //
 // A script may run several different steps in turn: a GAN's discriminator and generator steps,
-// two losses with a backward each, a smaller last batch per epoch. Each op sequence (a "kind",
-// named by its signature, Profile::signature) gets its own profiles and its own plan, and the
-// plan has to be chosen at the step's first op, before anything tells the kinds apart. So the
-// next kind is predicted from the ones before it; a wrong guess is a divergence (the replay
-// stops evicting and rebuilds on demand), never a wrong gradient.
+// two losses with a backward each, batches bucketed by sequence length, a smaller last batch per
+// epoch. Each op sequence (a "kind", named by its signature, Profile::signature) gets its own
+// profiles and its own plan, and the plan has to be chosen at the step's first op. That op's
+// identity (name, input shapes and dtypes) already tells apart the kinds that differ there (a
+// batch of another length or size): only kinds that start with it are candidates. Among those
+// the next kind is predicted from the ones before it (a GAN's two steps may start alike); a
+// first op no kind starts with is a new kind, recorded whole. A wrong guess is a divergence (the
+// replay stops evicting and rebuilds on demand), never a wrong gradient.
 //
 // And a script whose step changes all the time (a new sequence length every batch) would be
 // profiled and planned over and over, each plan costing about a second: after too many kinds or
@@ -38,17 +41,18 @@ class StepKinds {
   // or replay the predicted kind's plan (`plan` >= 0, an index the caller gave in set_plan).
   struct Choice {
     bool profile = true;
-    uint64_t kind = 0;
+    uint64_t kind = 0;  // 0: no kind known starts with this first op
     int plan = -1;
   };
-  Choice next() const;
+  // `first_op`: identity hash of the step's first op (Recorder::identity_hash).
+  Choice next(uint64_t first_op) const;
 
-  // The step chosen as `c` ended, and ran op sequence `signature`; `diverged`: its replay left
-  // the plan's profile. True when that kind has no plan and is due one: it has been recorded
+  // The step chosen as `c` ended, and ran op sequence `signature` from first op `first_op`;
+  // `diverged`: its replay left the plan's profile. True when that kind has no plan and is due one: it has been recorded
   // whole `warmup` times, or it is the last of the run's first `warmup` steps (the warm-up: a
   // script's first step often runs setup ops the later ones do not). The caller plans it and
   // calls set_plan.
-  bool finish(const Choice& c, uint64_t signature, bool diverged);
+  bool finish(const Choice& c, uint64_t signature, uint64_t first_op, bool diverged);
   void set_plan(uint64_t kind, int plan);
 
   // Why to stop planning and run plain from here on; nullopt while the steps settle.
@@ -62,6 +66,9 @@ class StepKinds {
   // longest history suffix seen before (up to kMaxContext steps); with none, the last kind.
   // Cost: O(kWindow * kMaxContext) compares, once per step.
   std::optional<uint64_t> predict() const;
+  // The same prediction among the kinds whose first op is `first_op` (then any such kind known
+  // from before the history's window); nullopt when no kind starts so. Same cost.
+  std::optional<uint64_t> predict(uint64_t first_op) const;
   size_t kinds() const { return kinds_.size(); }
   int64_t misses() const { return misses_total_; }
 
@@ -69,6 +76,7 @@ class StepKinds {
   struct Kind {
     int profiled = 0;  // whole records so far
     int plan = -1;
+    uint64_t first_op = 0;  // identity hash of its first op
   };
   int warmup_;
   std::deque<uint64_t> history_;

@@ -109,7 +109,8 @@ class GPT2(nn.Module):
             if shift == "early":
                 with torch.no_grad():
                     self.shift.mul_(0.5).add_(mean)
-        for blk in self.blocks:
+        blocks = self.blocks[:-1] if getattr(self, "skip_last_block", False) else self.blocks
+        for blk in blocks:
             x = blk(x)
         if shift == "late":  # at the end of the forward, after the blocks' values were evicted
             with torch.no_grad():

@@ -44,6 +44,9 @@ def parse():
                    help="compute the loss under the script's own saved_tensors_hooks; print how many packs they saw")
     p.add_argument("--inplace-error", action="store_true", help="modify a saved tensor in place (autograd error)")
     p.add_argument("--seq-change-at", type=int, default=-1, help="GPT-2: sequence length changes from this step")
+    p.add_argument("--skip-block-at", type=int, default=-1,
+                   help="GPT-2: the forward skips its last block from this step (the op sequence changes "
+                        "after the step's first op)")
     p.add_argument("--log-params-before-step", action="store_true",
                    help="keep a copy of every parameter, made between backward and the optimizer step")
     p.add_argument("--sdpa", action="store_true",
@@ -206,6 +209,8 @@ def main():
     for step in range(args.steps):
         t0 = time.perf_counter()
         current["step"] = step
+        if args.skip_block_at >= 0:
+            (model.module if args.distributed else model).skip_last_block = step >= args.skip_block_at
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for micro in range(args.accum):

@@ -129,9 +129,8 @@ uint64_t Recorder::op_hash(int64_t op) const {
   return h.value();
 }
 
-// Cost: one pass over the inputs' shapes (FNV-1a, ~100-200 bytes per op), a cached name lookup;
-// no allocation.
-void Recorder::light_op_start(const at::RecordFunction& fn) {
+// Cost: FNV-1a over ~100-200 bytes per op; no allocation.
+uint64_t Recorder::identity_hash(const at::RecordFunction& fn) {
   OpHasher h;
   h.add(fn.name());
   h.add(fn.overload_name());
@@ -141,7 +140,12 @@ void Recorder::light_op_start(const at::RecordFunction& fn) {
       h.add_input(c10::toString(t.scalar_type()), sizes.data(), sizes.size());
     });
   }
-  light_hash_ = h.value();
+  return h.value();
+}
+
+// Cost: identity_hash, a cached name lookup; no allocation.
+void Recorder::light_op_start(const at::RecordFunction& fn) {
+  light_hash_ = identity_hash(fn);
   current_random_ = is_random(fn);
   drew_unmarked_ = false;
   light_seq_begin_ = fn.seqNr();

@@ -58,6 +58,9 @@ class Recorder {
   // Identity hash of op `op`, which has just ended and was kept: OpHasher::add_op of its Op in
   // full mode; in light mode the same value, fed from the RecordFunction (only the last op's).
   uint64_t op_hash(int64_t op) const;
+  // The same identity hash, of an op about to run (its name, overload and inputs' dtypes and
+  // shapes): for any op, in any mode. Cost: one pass over the inputs' shapes, no allocation.
+  static uint64_t identity_hash(const at::RecordFunction& fn);
   // Name of the running backward node (valid until the next node starts).
   const char* current_node_name() const { return current_node_name_; }
 

@@ -185,11 +185,26 @@ def test_inplace_error_unchanged_with_a_budget(runner):
 
 
 def test_divergence_stops_evicting_and_reprofiles(runner, plain_runs):
-    extra = ["--seq-change-at", "6"]
+    # From step 6 the forward skips its last block: the step starts as the profile did, then runs
+    # other ops. That step diverges (evictions stop, what was evicted is rebuilt on demand), is
+    # recorded, and the new kind gets its own plan.
+    extra = ["--skip-block-at", "6"]
     p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
     assert sum(r["divergences"] for r in report["replay"]) == 1
-    assert len(report["replay"]) == 2  # a new plan for the new shapes after re-profiling
+    assert len(report["replay"]) == 2  # a new plan for the new op sequence after re-profiling
     assert "diverged" in p.stderr
+    assert report["step_kinds"]["misses"] == 1
+
+
+def test_a_sequence_length_change_is_a_new_kind_of_step_not_a_divergence(runner, plain_runs):
+    # From step 6 the batches are shorter: the step's first op (the token embedding) already reads
+    # the new shape, so no plan is tried on it. The new kind is recorded whole, planned, replayed.
+    extra = ["--seq-change-at", "6"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    assert sum(r["divergences"] for r in report["replay"]) == 0
+    assert report["step_kinds"] == {"kinds": 2, "misses": 0}
+    assert len(report["replay"]) == 2 and all(r["steps"] > 0 for r in report["replay"])
+    assert "diverged" not in p.stderr
 
 
 def test_alternating_kinds_of_step_each_replay_their_own_plan(runner, plain_runs):

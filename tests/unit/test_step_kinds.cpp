@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -10,16 +11,22 @@ namespace {
 
 constexpr uint64_t A = 0xa, B = 0xb, C = 0xc, L = 0x1;
 
-// Runs a script's steps through StepKinds as the agent does: choose, run `actual`, finish, plan
-// when asked (plans numbered in order). Returns, per step, 'p' (profiled), 'r' (replayed the
-// right plan) or 'x' (replayed a wrong guess).
-std::string drive(StepKinds& k, const std::vector<uint64_t>& steps, int* plans = nullptr) {
+// The first op of a step of each kind: the same for all (kinds that differ only later in the
+// step, which must be predicted), or its own per kind (a batch of another length or size).
+uint64_t alike(uint64_t) { return 7; }
+uint64_t own(uint64_t kind) { return 1000 + kind; }
+
+// Runs a script's steps through StepKinds as the agent does: choose at the first op, run
+// `actual`, finish, plan when asked (plans numbered in order). Returns, per step, 'p'
+// (profiled), 'r' (replayed the right plan) or 'x' (replayed a wrong guess).
+std::string drive(StepKinds& k, const std::vector<uint64_t>& steps, int* plans = nullptr,
+                  const std::function<uint64_t(uint64_t)>& first = alike) {
   std::string out;
   int next_plan = 0;
   for (uint64_t actual : steps) {
-    const StepKinds::Choice c = k.next();
+    const StepKinds::Choice c = k.next(first(actual));
     out += c.profile ? 'p' : (c.kind == actual ? 'r' : 'x');
-    if (k.finish(c, actual, !c.profile && c.kind != actual)) k.set_plan(actual, next_plan++);
+    if (k.finish(c, actual, first(actual), !c.profile && c.kind != actual)) k.set_plan(actual, next_plan++);
   }
   if (plans) *plans = next_plan;
   return out;
@@ -34,7 +41,7 @@ std::vector<uint64_t> repeat(const std::vector<uint64_t>& cycle, int times) {
 TEST(StepKinds, NothingKnownMeansProfile) {
   StepKinds k(2);
   EXPECT_FALSE(k.predict().has_value());
-  EXPECT_TRUE(k.next().profile);
+  EXPECT_TRUE(k.next(7).profile);
 }
 
 TEST(StepKinds, OneKindIsPlannedAfterTheWarmupThenReplayed) {
@@ -88,8 +95,8 @@ TEST(StepKinds, ACycleWithARepeatedKindIsFollowed) {
   EXPECT_LE(k.misses(), 1);  // the first B, before any B was seen
 }
 
-TEST(StepKinds, AShapeChangeIsOneMissThenANewPlan) {
-  // The sequence length changes at step 6 for good.
+TEST(StepKinds, AChangeAfterTheFirstOpIsOneMissThenANewPlan) {
+  // The model changes at step 6 for good, after the step's first op (a layer frozen).
   StepKinds k(2);
   std::vector<uint64_t> steps = repeat({A}, 6);
   for (uint64_t s : repeat({B}, 6)) steps.push_back(s);
@@ -100,7 +107,8 @@ TEST(StepKinds, AShapeChangeIsOneMissThenANewPlan) {
   EXPECT_FALSE(k.give_up().has_value());
 }
 
-TEST(StepKinds, ASmallerLastBatchPerEpochIsLearnt) {
+TEST(StepKinds, ALastStepThatDiffersAfterItsFirstOpIsLearnt) {
+  // Each epoch ends with a step that starts like the others (an extra validation loss).
   StepKinds k(2);
   std::vector<uint64_t> steps;
   for (int epoch = 0; epoch < 6; ++epoch) {
@@ -117,14 +125,71 @@ TEST(StepKinds, ASmallerLastBatchPerEpochIsLearnt) {
 TEST(StepKinds, AStepOfTheSameOpsThatDivergedIsRecordedAgain) {
   StepKinds k(2);
   drive(k, repeat({A}, 3));
-  StepKinds::Choice c = k.next();
+  StepKinds::Choice c = k.next(7);
   ASSERT_FALSE(c.profile);
-  EXPECT_FALSE(k.finish(c, A, /*diverged=*/true));
-  EXPECT_TRUE(k.next().profile);  // A's plan is gone: profile it again
-  c = k.next();
-  EXPECT_FALSE(k.finish(c, A, false));
-  c = k.next();
-  EXPECT_TRUE(k.finish(c, A, false));  // planned again after two fresh records
+  EXPECT_FALSE(k.finish(c, A, 7, /*diverged=*/true));
+  EXPECT_TRUE(k.next(7).profile);  // A's plan is gone: profile it again
+  c = k.next(7);
+  EXPECT_FALSE(k.finish(c, A, 7, false));
+  c = k.next(7);
+  EXPECT_TRUE(k.finish(c, A, 7, false));  // planned again after two fresh records
+}
+
+TEST(StepKinds, AShapeChangeAtTheFirstOpIsANewKindNotAMiss) {
+  // The sequence length changes at step 6 for good: the first op's input shapes say so.
+  StepKinds k(2);
+  std::vector<uint64_t> steps = repeat({A}, 6);
+  for (uint64_t s : repeat({B}, 6)) steps.push_back(s);
+  int plans = 0;
+  EXPECT_EQ(drive(k, steps, &plans, own), "pprrrrpprrrr");
+  EXPECT_EQ(plans, 2);
+  EXPECT_EQ(k.misses(), 0);
+}
+
+TEST(StepKinds, BucketedLengthsInAnyOrderEachReplayTheirOwnPlan) {
+  // Batches bucketed by sequence length, buckets drawn at random: no pattern to predict, but
+  // each step's first op names its bucket.
+  StepKinds k(2);
+  const std::vector<uint64_t> steps = {A, B, A, C, B, B, C, A, C, A, B, C, C, A, B, A, B, B, C, A,
+                                       A, C, B, C, A, B, A, C, C, B, A, B, C, A, A, B, C, B, A, C};
+  int plans = 0;
+  const std::string got = drive(k, steps, &plans, own);
+  // A and B: planned in the warm-up (B as its last step, A at its second record); C at its
+  // second record; every other step replays its own plan.
+  EXPECT_EQ(got, "pppprrp" + std::string(steps.size() - 7, 'r'));
+  EXPECT_EQ(plans, 3);
+  EXPECT_EQ(k.misses(), 0);
+  EXPECT_FALSE(k.give_up().has_value());
+}
+
+TEST(StepKinds, ASmallerLastBatchPerEpochIsNeverAMiss) {
+  StepKinds k(2);
+  std::vector<uint64_t> steps;
+  for (int epoch = 0; epoch < 6; ++epoch) {
+    for (uint64_t s : repeat({A}, 10)) steps.push_back(s);
+    steps.push_back(L);
+  }
+  const std::string got = drive(k, steps, nullptr, own);
+  EXPECT_EQ(got.substr(0, 12), "pprrrrrrrrpr") << got;  // L first recorded, then planned at its second
+  EXPECT_EQ(got.substr(22), std::string(steps.size() - 22, 'r')) << got;
+  EXPECT_EQ(k.misses(), 0);
+}
+
+TEST(StepKinds, AmongKindsThatStartAlikeThePatternDecides) {
+  // A GAN whose two steps start alike (A, B), with an evaluation step C of its own first op
+  // every fifth step.
+  StepKinds k(2);
+  const auto first = [](uint64_t kind) -> uint64_t { return kind == C ? 2 : 1; };
+  std::vector<uint64_t> steps;
+  for (int i = 0; i < 8; ++i) {
+    for (uint64_t s : {A, B, A, B}) steps.push_back(s);
+    steps.push_back(C);
+  }
+  const std::string got = drive(k, steps, nullptr, first);
+  // Two misses while the cycle is new (B guessed after the first B; after the first C, what
+  // follows it is unknown), then every step of A and B replays its own plan, and so does C.
+  EXPECT_EQ(got.substr(10), std::string(steps.size() - 10, 'r')) << got;
+  EXPECT_EQ(k.misses(), 2) << got;
 }
 
 TEST(StepKinds, GivesUpOnAStepThatChangesEveryTime) {
@@ -151,9 +216,9 @@ TEST(StepKinds, GivesUpOnKindsInNoPattern) {
 
 TEST(StepKinds, PredictionUsesTheLongestContext) {
   StepKinds k(1);
-  for (uint64_t s : {A, B, C, A, B}) k.finish(StepKinds::Choice{}, s, false);
+  for (uint64_t s : {A, B, C, A, B}) k.finish(StepKinds::Choice{}, s, 7, false);
   EXPECT_EQ(k.predict(), C);  // "A B" was followed by C
-  k.finish(StepKinds::Choice{}, A, false);
+  k.finish(StepKinds::Choice{}, A, 7, false);
   EXPECT_EQ(k.predict(), B);  // "B A" never seen; "A" was last followed by B
 }
 
