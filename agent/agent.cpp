@@ -737,7 +737,7 @@ void Agent::write_report(const std::string& path) const {
                     {"expanded", st.expanded}, {"tail_reruns", st.tail_reruns},
                     {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline},
                     {"callback_us", st.callback_us}, {"light_steps", st.light_steps},
-                    {"node_hooks", st.node_hooks}});
+                    {"node_hooks", st.node_hooks}, {"snapshots", st.snapshots}});
   };
   for (const PlanRecord& rec : plans_) {
     if (rec.replayer) add(*rec.replayer);

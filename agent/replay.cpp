@@ -160,13 +160,22 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
   op_hashes_.reserve(n);
   for (const Op& op : profile.forward) op_hashes_.push_back(hash_op(op));
   for (const Op& node : profile.backward) node_names_.push_back(node.name);
-  // Inputs the profiled step wrote in place (a buffer a backward hook updates, unseen by the
-  // write guard while forward callbacks are paused): copied when a recipe captures them.
+  // Inputs and parameters the profiled step wrote in place (a buffer a backward hook updates, a
+  // parameter an optimizer step in backward updates; unseen by the write guard while forward
+  // callbacks are paused): copied when a recipe captures them, for the ops a planned recompute
+  // re-runs at or after the write (planner::copied_when_captured; the simulator counts the
+  // copies). Most optimizer-in-backward writes come after every re-run that reads the
+  // parameter (its gradient is complete only after its ops' backward), and cost no copy; a
+  // parameter also read without grad (`w.detach()`) may not.
+  const std::vector<int64_t> last_rerun = planner::last_rerun_node(plan_.recomputes, n);
   for (size_t o = 0; o < n; ++o) {
     const auto& in = profile.forward[o].inputs;
     for (size_t k = 0; k < in.size(); ++k) {
       const int64_t v = in[k].value;
-      if (v < 0 || static_cast<size_t>(v) >= profile.values.size() || !profile.values[v].written) continue;
+      if (v < 0 || static_cast<size_t>(v) >= profile.values.size() ||
+          !planner::copied_when_captured(profile.values[v], last_rerun[o])) {
+        continue;
+      }
       if (written_input_.empty()) written_input_.resize(n);
       written_input_[o].resize(in.size(), 0);
       written_input_[o][k] = 1;
@@ -634,6 +643,7 @@ void Replayer::snapshot_external(const at::Tensor& t, uint32_t version) {
   AgentScope scope;  // not an op of the step
   at::NoGradGuard no_grad;
   snapshots_.emplace(key, t.detach().clone(at::MemoryFormat::Preserve));
+  ++stats_.snapshots;
 }
 
 // An external as a re-run must read it: itself if unchanged since `src` captured it, else its

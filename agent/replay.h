@@ -52,6 +52,7 @@ struct ReplayStats {
   std::vector<double> callback_us;
   int64_t light_steps = 0;  // replayed steps recorded light (Recorder::set_light)
   int64_t node_hooks = 0;   // planned recomputes started from a hook on their autograd Node
+  int64_t snapshots = 0;    // inputs or parameters copied when captured, as a write would follow
 };
 
 class Replayer {

@@ -22,7 +22,7 @@ def noisy(x):
 
 
 class MLP(nn.Module):
-    def __init__(self, d_in=256, hidden=1024, d_out=10, depth=4):
+    def __init__(self, d_in=256, hidden=1024, d_out=10, depth=4, detached_side=False):
         super().__init__()
         layers, d = [], d_in
         for _ in range(depth):
@@ -30,9 +30,18 @@ class MLP(nn.Module):
             d = hidden
         layers.append(nn.Linear(d, d_out))
         self.net = nn.Sequential(*layers)
+        if detached_side:
+            self.side_bias = nn.Parameter(torch.zeros(hidden))
+            self.side_proj = nn.Linear(hidden, d_in, bias=False)
 
     def forward(self, x):
-        return self.net(x)
+        if not hasattr(self, "side_proj"):
+            return self.net(x)
+        # A side branch that reads the first layer's weight without grad (a stop-gradient use;
+        # autograd saves none of it) and feeds the first layer's input. Its backward runs after
+        # the first layer's, so after that weight's gradient is complete.
+        side = torch.tanh(F.linear(x, self.net[0].weight.detach()) + self.side_bias)
+        return self.net(x + self.side_proj(side))
 
 
 class Attention(nn.Module):
@@ -198,9 +207,9 @@ ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 
 
 def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
-          noisy_op=False):
+          noisy_op=False, detached_side=False):
     if name == "mlp":
-        return MLP(hidden=256 if small else 1024)
+        return MLP(hidden=256 if small else 1024, detached_side=detached_side)
     if name == "gpt2":
         m = GPT2(layers=2 if small else 4, d=64 if small else 128)
         if shift_buffer:

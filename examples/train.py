@@ -63,6 +63,11 @@ def parse():
     p.add_argument("--seq-cycle", default="",
                    help="GPT-2: comma-separated sequence lengths, one per forward/backward in turn (with "
                         "--accum 2 and two lengths: two kinds of step that alternate)")
+    p.add_argument("--optimizer-in-backward", action="store_true",
+                   help="one Adam per parameter, stepped from its post-accumulate-grad hook (PyTorch's "
+                        "optimizer-in-backward recipe); no optimizer step after backward")
+    p.add_argument("--detached-side", action="store_true",
+                   help="MLP: a side branch reads the first layer's weight without grad")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
     p.add_argument("--side-thread", action="store_true",
                    help="a thread running tensor ops and its own small backward beside training")
@@ -181,7 +186,8 @@ def main():
     torch.use_deterministic_algorithms(True)
     model = models.build(args.model, small=args.small, shift_buffer=args.shift_buffer,
                          hardswish=args.hardswish, stochastic_depth=args.stochastic_depth,
-                         sdpa=args.sdpa, noisy_op=args.noisy_op).to(args.device)
+                         sdpa=args.sdpa, noisy_op=args.noisy_op,
+                         detached_side=args.detached_side).to(args.device)
     if args.distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     if args.checkpoint:
@@ -191,6 +197,12 @@ def main():
         for blk in inner.blocks:
             blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if args.optimizer_in_backward:
+        # Each parameter is updated as soon as its gradient is complete, in backward: the
+        # parameters change while the step still runs (its gradients stay, for the dump).
+        per_param = {p: torch.optim.Adam([p], lr=1e-3) for p in model.parameters()}
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(lambda q: per_param[q].step())
     current = {"step": 0}
     if args.optimizer_raises_at >= 0:
         def refuse(o, a, k):
@@ -289,7 +301,8 @@ def main():
             # would not: they read nothing that requires grad.)
             logged.append([p.detach().clone() for p in model.parameters()])
         try:
-            opt.step()
+            if not args.optimizer_in_backward:
+                opt.step()
         except RuntimeError as e:
             if "optimizer step refused" not in str(e):
                 raise

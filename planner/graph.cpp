@@ -90,6 +90,7 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
     G.held_until[v] = p.values[v].held_until;
     G.dies_after[v] = p.values[v].dies_after;
     G.any_dies = G.any_dies || G.dies_after[v] >= 0;
+    G.any_written = G.any_written || p.values[v].written;
   }
   G.providers = value_providers(p);
   G.produces.assign(nf, {});

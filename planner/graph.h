@@ -34,6 +34,7 @@ struct Graph {
   std::vector<int64_t> held_until;      // per value: Value::held_until (an eviction frees after it)
   std::vector<int64_t> dies_after;      // per value: Value::dies_after (an input freed mid-forward)
   bool any_dies = false;                // some value has dies_after >= 0
+  bool any_written = false;             // some value has Value::written (see copied_when_captured)
   std::vector<std::vector<int64_t>> providers;  // per value: value_providers (rerun_ops.h)
   std::vector<std::vector<int64_t>> produces;  // per fwd op: values it created
   std::vector<std::vector<Dep>> deps;   // per fwd op: distinct inputs

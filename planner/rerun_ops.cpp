@@ -1,5 +1,7 @@
 #include "planner/rerun_ops.h"
 
+#include <algorithm>
+
 namespace memplan::planner {
 
 std::vector<std::vector<int64_t>> value_providers(const Profile& p) {
@@ -34,6 +36,14 @@ std::vector<char> rerun_ops(const Profile& p, const std::vector<std::vector<int6
     for (const TensorRef& t : p.forward[o].inputs) need(t.value);
   }
   return rerun;
+}
+
+std::vector<int64_t> last_rerun_node(const std::vector<Recompute>& recomputes, size_t n_fwd) {
+  std::vector<int64_t> last(n_fwd, -1);
+  for (const Recompute& r : recomputes)
+    for (int64_t o : r.ops)
+      if (o >= 0 && static_cast<size_t>(o) < n_fwd) last[o] = std::max(last[o], r.before_bwd);
+  return last;
 }
 
 }  // namespace memplan::planner

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "planner/plan.h"
 #include "profiler/profile.h"
 
 namespace memplan::planner {
@@ -19,5 +20,17 @@ std::vector<std::vector<int64_t>> value_providers(const Profile& p);
 // value_providers(p). Cost: linear in the ops and inputs reached.
 std::vector<char> rerun_ops(const Profile& p, const std::vector<std::vector<int64_t>>& providers,
                             const std::vector<int64_t>& evicted);
+
+// Per forward op: the latest backward node before which one of `recomputes` re-runs it; -1 if
+// none does.
+std::vector<int64_t> last_rerun_node(const std::vector<Recompute>& recomputes, size_t n_fwd);
+
+// Whether the replay copies input or parameter `v` when a recipe of an op re-run last before
+// backward node `last_rerun` (-1: no recompute re-runs it) captures it: the step writes it in
+// place (an optimizer step in a backward hook, a buffer a hook updates) before that node, or
+// when, is not known. The copy lives to the step's end; the simulator counts it.
+inline bool copied_when_captured(const Value& v, int64_t last_rerun) {
+  return v.written && (v.written_before_node < 0 || (last_rerun >= 0 && v.written_before_node <= last_rerun));
+}
 
 }  // namespace memplan::planner

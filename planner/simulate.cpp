@@ -192,6 +192,20 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
       }
     }
   }
+  // Inputs and parameters the step writes in place before a re-run reads them (an optimizer step
+  // in backward, ahead of a re-run that reads a weight without grad): the replay copies them when
+  // a recipe captures them, alive to the step's end (copied_when_captured, as replay.cpp does).
+  if (!plan.recomputes.empty() && g.any_written) {
+    const std::vector<int64_t> last = last_rerun_node(plan.recomputes, static_cast<size_t>(N));
+    std::vector<char> copied(nv, 0);
+    for (int64_t o = 0; o < N; ++o) {
+      for (const TensorRef& t : p.forward[o].inputs) {
+        if (!value_ok(t.value) || copied[t.value] || !copied_when_captured(p.values[t.value], last[o])) continue;
+        copied[t.value] = 1;
+        add(o, E - 1, g.bytes(t.value));
+      }
+    }
+  }
   std::vector<int64_t> delta(E + 1, 0);
   int64_t run_sum = 0;
   for (int64_t i = 0; i < E; ++i) delta[i] = (run_sum += diff[i]);

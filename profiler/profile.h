@@ -75,9 +75,14 @@ struct Value {
   int64_t dies_after = -1;          // an input the script frees during the forward (the raw batch
                                     // after `x = normalize(x)`): the last forward op before its
                                     // storage was gone. -1: alive through the forward
-  bool written = false;             // an input (not a parameter) written in place during the step,
-                                    // forward or backward (a buffer a backward hook updates): a
-                                    // rebuild reads it from a copy taken when captured
+  bool written = false;             // an input or parameter written in place during the step,
+                                    // forward or backward (a buffer a backward hook updates, a
+                                    // parameter an optimizer step in backward updates)
+  int64_t written_before_node = -1; // written: the first backward node that began after the
+                                    // write was seen (backward.size(): after the last one began).
+                                    // A re-run before that node reads it as captured; one from
+                                    // that node on needs a copy taken when captured. -1 (the
+                                    // default; older profiles): not known, so always the copy
 };
 
 struct Profile {

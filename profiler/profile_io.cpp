@@ -62,7 +62,8 @@ json value_to_json(const Value& v) {
               {"producer", v.producer},    {"consumers", v.consumers},
               {"saved_by", v.saved_by},    {"unpacked_by", v.unpacked_by},
               {"saved_bytes", v.saved_bytes}, {"held_outside", v.held_outside}, {"held_until", v.held_until},
-              {"dies_after", v.dies_after}, {"written", v.written}};
+              {"dies_after", v.dies_after}, {"written", v.written},
+              {"written_before_node", v.written_before_node}};
 }
 
 // Reading: nlohmann throws on type mismatch; the whole parse runs under one try so a bad file
@@ -186,6 +187,12 @@ bool validate_profile(const Profile& p, std::string* error) {
                            v.dies_after);
       return false;
     }
+    if (v.written_before_node < -1 || v.written_before_node > static_cast<int64_t>(p.backward.size()) ||
+        (v.written_before_node != -1 && !v.written)) {
+      *error = fmt::format("value {}: written before backward node {}, which is no node (or it is not written)",
+                           i, v.written_before_node);
+      return false;
+    }
     if (v.kind == ValueKind::Activation && v.producer == -1) {
       *error = fmt::format("value {}: an activation with no producer", i);
       return false;
@@ -270,6 +277,7 @@ bool profile_from_json(const std::string& text, Profile* out, std::string* error
       v.held_until = jv.value("held_until", int64_t{-1});
       v.dies_after = jv.value("dies_after", int64_t{-1});
       v.written = jv.value("written", false);
+      v.written_before_node = jv.value("written_before_node", int64_t{-1});
     }
   } catch (const std::exception& e) {
     *error = fmt::format("{}: {}", where, e.what());

@@ -60,13 +60,15 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
   if (producer >= 0) {
     v.kind = ValueKind::Activation;
     v.producer = producer;
-  } else if (t.requires_grad() && t.is_leaf()) {
-    v.kind = ValueKind::Parameter;
   } else {
-    v.kind = ValueKind::Input;
-    input_watch_.push_back(id);
+    if (t.requires_grad() && t.is_leaf()) {
+      v.kind = ValueKind::Parameter;
+    } else {
+      v.kind = ValueKind::Input;
+      input_watch_.push_back(id);
+    }
     const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
-    if (vc.enabled()) input_versions_.push_back({id, vc, vc.current_version()});
+    if (vc.enabled()) input_versions_.push_back({id, vc, vc.current_version(), false, v.kind == ValueKind::Parameter});
   }
   slots_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
   index_[s] = id;
@@ -284,6 +286,9 @@ void Recorder::begin_backward() {
   held_watch_.clear();  // what still holds them now is what held_outside counts
   input_watch_.clear();
   if (light_) return;
+  for (InputVersion& iv : input_versions_) {
+    if (iv.parameter) iv.version = iv.counter.current_version();
+  }
   // Whatever still holds a saved storage besides the handles autograd owns makes evicting it
   // useless: count references now, at the end of forward. Each pack handle owns one TensorImpl
   // of that storage (its tensor_data alias).
@@ -340,6 +345,7 @@ void Recorder::node_start(const at::RecordFunction& fn) {
   n.seq_nr = fn.seqNr();
   n.thread = fn.forwardThreadId();
   current_node_ = idx;
+  check_written(idx);
   n.live_before = memory_->live();
   memory_->reset_window();
   n.start_us = now_us();
@@ -356,6 +362,20 @@ void Recorder::node_end(const at::RecordFunction& fn) {
   n.peak = std::max({memory_->window_peak(), n.live_before, n.live_after});
 }
 
+// An input or parameter written in place since first seen (a buffer a backward hook updates, a
+// parameter an optimizer step in a post-accumulate-grad hook updates) is marked written, before
+// node `before_node`: a re-run from that node on would read the new contents. Full records only.
+// Cost: one version load per input and parameter of the step (~100-200 for GPT-2), per node.
+void Recorder::check_written(int64_t before_node) {
+  for (InputVersion& iv : input_versions_) {
+    if (iv.written || iv.counter.current_version() == iv.version) continue;
+    iv.written = true;
+    Value& v = profile_.values[iv.value];
+    v.written = true;
+    v.written_before_node = before_node;
+  }
+}
+
 Profile Recorder::end_step() {
   const double end = now_us();
   profile_.backward_us = in_backward_ ? end - backward_t0_us_ : 0;
@@ -363,9 +383,7 @@ Profile Recorder::end_step() {
   profile_.peak_bytes = std::max(memory_->peak(), profile_.baseline_bytes);
   profile_.end_bytes = memory_->live();
   profile_.overhead_us = static_cast<double>(overhead_ns_) / 1000.0;
-  for (const InputVersion& iv : input_versions_) {
-    if (iv.counter.current_version() != iv.version) profile_.values[iv.value].written = true;
-  }
+  check_written(static_cast<int64_t>(profile_.backward.size()));
   input_versions_.clear();
   // Link every backward node to the forward op whose autograd kernel created it: op i created
   // the nodes numbered [seq_begin_[i], seq_end_[i]) on its thread.

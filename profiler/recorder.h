@@ -138,8 +138,15 @@ class Recorder {
     int64_t value;
     c10::VariableVersion counter;  // shared with the tensor (and its views)
     uint32_t version;              // when first seen this step
+    bool written = false;          // seen written (Value::written set)
+    bool parameter = false;        // watched from the backward's start only
   };
-  std::vector<InputVersion> input_versions_;  // Value::written, checked at the step's end
+  // Inputs and parameters: Value::written and written_before_node, checked at each backward
+  // node's start (full records) and at the step's end. An input is watched from when it was
+  // first seen; a parameter from the backward's start, since the optimizer may step in the
+  // window before the forward reads it (that write comes before any read a re-run repeats).
+  std::vector<InputVersion> input_versions_;
+  void check_written(int64_t before_node);
   void update_held(int64_t op);
   int64_t current_op_ = -1;
   int64_t packs_in_op_ = 0;

@@ -207,6 +207,55 @@ def test_a_sequence_length_change_is_a_new_kind_of_step_not_a_divergence(runner,
     assert "diverged" not in p.stderr
 
 
+def test_an_optimizer_step_in_backward_needs_no_copy_of_the_parameters(runner, plain_runs):
+    # PyTorch's optimizer-in-backward recipe: each parameter is updated from its
+    # post-accumulate-grad hook while backward still runs. The profile sees the parameters written
+    # in backward; but every re-run reads a parameter before its gradient is complete, so before
+    # its update, and nothing is copied: the peaks stay as predicted.
+    extra = ["--optimizer-in-backward"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    assert report["replay"]
+    for r in report["replay"]:
+        assert r["evicted"] > 0 and r["rebuilt"] == r["evicted"] and r["snapshots"] == 0, r
+    assert_peaks_as_predicted(report)
+
+
+def test_a_parameter_updated_in_backward_before_a_re_run_reads_it_is_copied_first(runner, plain_runs):
+    # The same, with a side branch that reads the first layer's weight without grad and feeds
+    # that layer's input: its tanh output is first needed after that weight's update. A plan that
+    # rebuilds it there (forced here: the planner, which counts the copy, prefers rebuilding it
+    # earlier, with another value) used to raise in backward ("an input of a recomputed op was
+    # written in place after its value was evicted") and the script died. The profile now says
+    # before which backward node the weight was written, and the replay copies it when the recipe
+    # that rebuild re-runs captures it.
+    extra = ["--optimizer-in-backward", "--detached-side"]
+    replay(runner, "mlp", "min", extra, env={"MEMPLAN_PLAN_CACHE": "cache"})
+    prof = json.loads((runner.tmp / "memplan-profile.json").read_text())
+    tanh = next(i for i, op in enumerate(prof["forward"]) if op["name"] == "aten::tanh")
+    v = prof["forward"][tanh]["outputs"][0]["value"]
+    weight = prof["forward"][0]["inputs"][0]["value"]  # aten::detach's
+    assert prof["values"][weight]["kind"] == "parameter" and prof["values"][weight]["written"]
+    first_use = min(prof["values"][v]["unpacked_by"])
+    assert 0 <= prof["values"][weight]["written_before_node"] <= first_use
+    (cached,) = (runner.tmp / "cache").glob("plan-*.json")
+    plan = json.loads(cached.read_text())
+    plan.update(evictions=[{"value": v, "after_fwd": max(prof["values"][v]["consumers"])}],
+                recomputes=[{"before_bwd": first_use, "ops": list(range(tanh + 1)), "keep": [v]}],
+                holds=[], releases=[], compactions=[])
+    (runner.tmp / "late.json").write_text(json.dumps(plan))
+    p, report = identical_replay(runner, plain_runs, "mlp", "min", extra, env={"MEMPLAN_PLAN": "late.json"})
+    assert "fails the simulator" not in p.stderr
+    assert report["replay"]
+    for r in report["replay"]:
+        # Its two saved handles (tanh's output, the projection's input), once a step; one copy.
+        assert r["evicted"] == r["rebuilt"] == 2 * r["steps"] and r["on_demand"] == 0, r
+        assert r["snapshots"] == r["steps"], r
+    assert "written in place after its value was evicted" not in p.stderr
+    # The copy is in the prediction.
+    error = max(measured_peaks(report)) / report["plan"]["predicted_peak_bytes"] - 1
+    assert abs(error) <= TOLERANCE, (error, p.stderr)
+
+
 def test_alternating_kinds_of_step_each_replay_their_own_plan(runner, plain_runs):
     # Two forward/backward passes per optimizer step, of different sequence lengths: two kinds of
     # step that alternate (as a GAN's discriminator and generator steps, or two losses with a

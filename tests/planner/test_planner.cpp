@@ -6,6 +6,7 @@
 
 #include "planner/plan_io.h"
 #include "planner/planner.h"
+#include "planner/rerun_ops.h"
 #include "planner/synth.h"
 
 using namespace memplan;
@@ -180,6 +181,51 @@ TEST(Simulate, AValueAPythonVariableHoldsIsFreedOnlyAfterIt) {
   EXPECT_EQ(held.fwd_live[3], simulate(g, Plan{}).fwd_live[3]);
   EXPECT_EQ(held.fwd_live[4] + g.bytes(h0), simulate(g, Plan{}).fwd_live[4]);
   (void)h3;
+}
+
+// An optimizer step in backward writes a parameter before a planned re-run reads it: the replay
+// copies it when the recipe captures it (copied_when_captured), and that copy lives to the step's
+// end. Written after the last re-run that reads it (the usual case), no copy.
+TEST(Simulate, AParameterWrittenBeforeARerunReadsItIsCopied) {
+  SynthBuilder b;
+  const int64_t x = b.input(1 << 20);
+  const int64_t w = b.param(1 << 16);
+  const int64_t h0 = b.op("aten::mul", {x, w}, {{1 << 20}}, {w}, 10)[0];
+  const int64_t h1 = b.op("aten::tanh", {h0}, {{1 << 20}}, {}, 10)[0];
+  const int64_t h2 = b.op("aten::sin", {h1}, {{1 << 20}}, {h1}, 10)[0];
+  b.op("aten::sum", {h2}, {{4}}, {h2}, 10);
+  Profile p = b.finish();
+  Graph g;
+  std::string err;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  Plan evict;  // h1 rebuilt from x and w: ops 0 and 1 re-run before its first unpack
+  const int64_t at = g.first_unpack[h1];
+  evict.evictions.push_back({h1, g.last_fwd_use[h1]});
+  evict.recomputes.push_back({at, {0, 1}, {h1}});
+  const SimResult plain = simulate(g, evict);
+  ASSERT_TRUE(plain.ok) << plain.error;
+  const auto with_write = [&](int64_t before_node) {
+    p.values[w].written = true;
+    p.values[w].written_before_node = before_node;
+    EXPECT_TRUE(build_graph(p, &g, &err)) << err;
+    const SimResult r = simulate(g, evict);
+    EXPECT_TRUE(r.ok) << r.error;
+    return r;
+  };
+  // Written before the node the re-run precedes (or when, unknown): the copy, from op 0 on.
+  for (int64_t before : {at, int64_t{0}, int64_t{-1}}) {
+    const SimResult copied = with_write(before);
+    EXPECT_EQ(copied.fwd_live[0], plain.fwd_live[0] + g.bytes(w)) << before;
+    EXPECT_EQ(copied.bwd_live.back(), plain.bwd_live.back() + g.bytes(w)) << before;
+    EXPECT_EQ(copied.peak, plain.peak + g.bytes(w)) << before;
+  }
+  // Written during that node or later: the re-run read it first.
+  const SimResult after = with_write(at + 1);
+  EXPECT_EQ(after.peak, plain.peak);
+  EXPECT_EQ(after.bwd_live.back(), plain.bwd_live.back());
+  EXPECT_FALSE(copied_when_captured(p.values[w], last_rerun_node(evict.recomputes, 4)[0]));
+  EXPECT_TRUE(copied_when_captured(p.values[w], at + 1));
+  EXPECT_FALSE(copied_when_captured(p.values[w], -1));  // an op no recompute re-runs
 }
 
 // `x = normalize(x)` in the step frees the raw batch after its last use; a plan that rebuilds

@@ -32,6 +32,7 @@ Profile sample() {
   h.held_until = 1;  // a Python variable held it while relu ran
   x.dies_after = 0;  // the script dropped it after linear
   x.written = true;  // and wrote it in place first
+  x.written_before_node = 0;  // ... before backward node 0 began
   p.values = {x, h, y, g};
 
   Op lin;
@@ -129,6 +130,7 @@ void expect_profile_eq(const Profile& a, const Profile& b) {
     EXPECT_EQ(x.held_until, y.held_until) << i;
     EXPECT_EQ(x.dies_after, y.dies_after) << i;
     EXPECT_EQ(x.written, y.written) << i;
+    EXPECT_EQ(x.written_before_node, y.written_before_node) << i;
   }
 }
 
@@ -196,6 +198,20 @@ TEST(ProfileIO, RejectsHeldUntilBeyondTheForward) {
   j = nlohmann::json::parse(profile_to_json(sample()));
   j["values"][1]["dies_after"] = 0;  // an activation, not an input
   expect_rejected(j.dump(), "dies after 0");
+}
+
+TEST(ProfileIO, RejectsAWriteBeforeANodeThatIsNone) {
+  nlohmann::json j = nlohmann::json::parse(profile_to_json(sample()));
+  j["values"][0]["written_before_node"] = static_cast<int64_t>(j["backward"].size()) + 1;
+  expect_rejected(j.dump(), "written before backward node");
+  j = nlohmann::json::parse(profile_to_json(sample()));
+  j["values"][1]["written_before_node"] = 0;  // not written
+  expect_rejected(j.dump(), "written before backward node 0");
+  j = nlohmann::json::parse(profile_to_json(sample()));
+  j["values"][0]["written_before_node"] = static_cast<int64_t>(j["backward"].size());  // after the last began
+  std::string error;
+  Profile q;
+  EXPECT_TRUE(profile_from_json(j.dump(), &q, &error)) << error;
 }
 
 TEST(ProfileIO, RejectsUnknownVersion) {
