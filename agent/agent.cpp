@@ -228,7 +228,8 @@ void Agent::op_end(const at::RecordFunction& fn) {
   if (replayer_) {
     const bool dropped = recorder_.op_count() < before;
     if (recorder_.drew_unmarked()) replayer_->forget_recipe(op);
-    replayer_->op_end(fn, op, dropped, dropped ? 0 : recorder_.op_hash(op));
+    replayer_->op_end(fn, op, dropped, dropped ? 0 : recorder_.op_hash(op),
+                      dropped ? 0 : recorder_.op_structure_hash(op));
   }
   if (choice_.profile) nvtx::range_pop();
 }
@@ -441,6 +442,8 @@ void Agent::end_step(Profile p) {
   bool diverged = false;
   if (replayer_) {
     diverged = replayer_->diverged();
+    // Other sizes after a data-dependent shape only: a step of the kind it replayed.
+    if (!diverged && replayer_->drifted()) p.signature = choice_.kind;
     replayer_->end_step();
     ReplayStats& st = replayer_->stats();
     if (!diverged) {
@@ -737,7 +740,7 @@ void Agent::write_report(const std::string& path) const {
                     {"expanded", st.expanded}, {"tail_reruns", st.tail_reruns},
                     {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline},
                     {"callback_us", st.callback_us}, {"light_steps", st.light_steps},
-                    {"node_hooks", st.node_hooks}, {"snapshots", st.snapshots}});
+                    {"node_hooks", st.node_hooks}, {"snapshots", st.snapshots}, {"drifted", st.drifted}});
   };
   for (const PlanRecord& rec : plans_) {
     if (rec.replayer) add(*rec.replayer);

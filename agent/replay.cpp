@@ -158,7 +158,16 @@ std::vector<at::Tensor>* Replayer::capture() { return tl_capture; }
 Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move(plan)) {
   const size_t n = profile.forward.size();
   op_hashes_.reserve(n);
-  for (const Op& op : profile.forward) op_hashes_.push_back(hash_op(op));
+  for (const Op& op : profile.forward) {
+    op_hashes_.push_back(hash_op(op));
+    OpHasher st;
+    st.add_op_structure(op);
+    op_structures_.push_back(st.value());
+    if (first_data_dependent_ < 0 && data_dependent_shape(op)) {
+      first_data_dependent_ = static_cast<int64_t>(op_structures_.size()) - 1;
+      first_data_dependent_name_ = op.name;
+    }
+  }
   for (const Op& node : profile.backward) node_names_.push_back(node.name);
   // Inputs and parameters the profiled step wrote in place (a buffer a backward hook updates, a
   // parameter an optimizer step in backward updates; unseen by the write guard while forward
@@ -270,9 +279,13 @@ int64_t Replayer::planned_value(int64_t op, int64_t ordinal, const at::Tensor& t
   const std::vector<int64_t>& packs = pack_values_[op];
   if (ordinal < 0 || static_cast<size_t>(ordinal) >= packs.size()) return -1;
   const int64_t v = packs[ordinal];
-  // A sanity check on the mapping: the same storage size as profiled.
-  if (v < 0 || static_cast<size_t>(v) >= value_bytes_.size() || !t.has_storage() ||
-      static_cast<int64_t>(t.storage().nbytes()) != value_bytes_[v]) {
+  if (v < 0 || static_cast<size_t>(v) >= value_bytes_.size() || !t.has_storage()) return -1;
+  // A sanity check on the mapping: the same storage size as profiled. Not after an op whose
+  // output shape follows from data: there sizes may differ (check_divergence), and the plan's
+  // evictions must still happen, or its rebuilds would only add copies (a mixture of experts at
+  // 50%: +51% over the predicted peak, above the un-planned one).
+  if (static_cast<int64_t>(t.storage().nbytes()) != value_bytes_[v] &&
+      (first_data_dependent_ < 0 || op <= first_data_dependent_)) {
     return -1;
   }
   return v;
@@ -303,6 +316,7 @@ void Replayer::begin_step() {
   ++generation_;
   t0_ = std::chrono::steady_clock::now();
   diverged_ = false;
+  drifted_ = false;
   follow_nodes_ = true;
   recipes_.clear();
   slots_.clear();
@@ -379,8 +393,24 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
   return src;  // None: the caller decides (an op's internal tensor)
 }
 
-void Replayer::check_divergence(int64_t op, uint64_t hash, const char* name) {
+// An op other than the profile's at this position ends the plan for this step. Other sizes only
+// (the same op, input dtypes and ranks) after an op whose output shape follows from data (a loss
+// over the tokens a boolean mask keeps, an expert's share of a batch) are the same kind of step:
+// the plan's actions still line up op for op, every rebuild re-runs this step's own calls, and
+// only the memory differs, as it would without memplan. Such a step goes on as planned.
+void Replayer::check_divergence(int64_t op, uint64_t hash, uint64_t structure, const char* name) {
   if (diverged_) return;
+  if (static_cast<size_t>(op) < op_hashes_.size() && hash != op_hashes_[op] && structure == op_structures_[op] &&
+      first_data_dependent_ >= 0 && op > first_data_dependent_) {
+    if (!drifted_) ++stats_.drifted;
+    drifted_ = true;
+    log_once("drift", LogLevel::Info,
+             fmt::format("a step ran the profile's ops with other sizes after an op whose output shape "
+                         "depends on the data ({}, forward op {}): replayed with the same plan; its "
+                         "peak varies with those sizes",
+                         first_data_dependent_name_, first_data_dependent_));
+    return;
+  }
   if (static_cast<size_t>(op) >= op_hashes_.size() || hash != op_hashes_[op]) {
     diverged_ = true;
     ++stats_.divergences;
@@ -535,7 +565,7 @@ bool Replayer::rebuildable(const TensorSource& src) const {
   return false;
 }
 
-void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash) {
+void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash, uint64_t structure) {
   if (op < 0 || static_cast<size_t>(op) >= recipes_.size()) return;
   if (dropped) {
     recipes_[op] = Recipe();
@@ -574,7 +604,7 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, ui
     outs.push_back(std::move(s));
   }
   // Checked here, not at the start: an op the recorder leaves out (no tensor output) is no step.
-  check_divergence(op, hash, fn.name());
+  check_divergence(op, hash, structure, fn.name());
   if (!diverged_) {
     if (static_cast<size_t>(op) < node_actions_.size() && !node_actions_[op].empty()) {
       attach_node_hooks(op, out_tensors);

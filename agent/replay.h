@@ -53,6 +53,7 @@ struct ReplayStats {
   int64_t light_steps = 0;  // replayed steps recorded light (Recorder::set_light)
   int64_t node_hooks = 0;   // planned recomputes started from a hook on their autograd Node
   int64_t snapshots = 0;    // inputs or parameters copied when captured, as a write would follow
+  int64_t drifted = 0;      // steps replayed with other sizes after a data-dependent shape
 };
 
 class Replayer {
@@ -61,13 +62,17 @@ class Replayer {
 
   const planner::Plan& plan() const { return plan_; }
   bool diverged() const { return diverged_; }
+  // The step ran the profile's ops, with other sizes after an op whose output shape follows from
+  // data (data_dependent_shape: a boolean mask index): still this plan's kind of step.
+  bool drifted() const { return drifted_; }
   ReplayStats& stats() { return stats_; }
 
   void begin_step();
   // A top-level forward op `op` (the recorder's index) starts / ends. `dropped` mirrors the
-  // recorder leaving out an op with no tensor output; `hash` is the op's identity (op_hash.h).
+  // recorder leaving out an op with no tensor output; `hash` is the op's identity and
+  // `structure` the same without sizes (op_hash.h).
   void op_start(const at::RecordFunction& fn, int64_t op, bool random);
-  void op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash);
+  void op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash, uint64_t structure);
   // An op is about to run: one the step does not record (under no_grad: a buffer or statistic a
   // module updates in its forward), or a recorded one (called from op_start). If it writes in
   // place an external some recipe captured, that external is copied first, so a rebuild reads
@@ -149,7 +154,7 @@ class Replayer {
     std::vector<bool> will_run;  // per op: re-run planned
   };
 
-  void check_divergence(int64_t op, uint64_t hash, const char* name);
+  void check_divergence(int64_t op, uint64_t hash, uint64_t structure, const char* name);
   int64_t planned_value(int64_t op, int64_t ordinal, const at::Tensor& t) const;
   TensorSource source_of(const at::Tensor& t, bool unknown_is_external);
   bool rebuildable(const TensorSource& src) const;
@@ -171,6 +176,9 @@ class Replayer {
 
   planner::Plan plan_;
   std::vector<uint64_t> op_hashes_;                           // per profile forward op
+  std::vector<uint64_t> op_structures_;                       // ... the same without sizes
+  int64_t first_data_dependent_ = -1;  // the first profile op whose output shape follows from data
+  std::string first_data_dependent_name_;
   std::vector<std::string> node_names_;                       // per profile backward node
   std::vector<std::vector<int64_t>> evict_after_;             // per fwd op: values to evict
   std::vector<std::vector<int64_t>> hold_from_;               // per fwd op: values to hold
@@ -206,6 +214,7 @@ class Replayer {
 
   // Step state.
   bool diverged_ = false;
+  bool drifted_ = false;
   bool follow_nodes_ = true;  // backward nodes still match the profile
   std::vector<Recipe> recipes_;
   std::vector<std::vector<Slot>> slots_;

@@ -35,6 +35,11 @@ class MLP(nn.Module):
             self.side_proj = nn.Linear(hidden, d_in, bias=False)
 
     def forward(self, x):
+        keep = getattr(self, "row_keep", None)
+        if keep is not None:
+            # The rows a mask drawn from the data keeps, after the first layer: every later op
+            # sees another number of rows each step.
+            return self.net[2:](self.net[1](self.net[0](x))[keep])
         if not hasattr(self, "side_proj"):
             return self.net(x)
         # A side branch that reads the first layer's weight without grad (a stop-gradient use;

@@ -63,6 +63,12 @@ def parse():
     p.add_argument("--seq-cycle", default="",
                    help="GPT-2: comma-separated sequence lengths, one per forward/backward in turn (with "
                         "--accum 2 and two lengths: two kinds of step that alternate)")
+    p.add_argument("--masked-loss", action="store_true",
+                   help="GPT-2: the loss over a random 15%% of the positions each step (a boolean mask "
+                        "index, whose output size depends on the data)")
+    p.add_argument("--drop-rows", action="store_true",
+                   help="MLP: after the first layer, keep a random 80%% of the rows (a boolean mask "
+                        "index: the later layers see another number of rows each step)")
     p.add_argument("--optimizer-in-backward", action="store_true",
                    help="one Adam per parameter, stepped from its post-accumulate-grad hook (PyTorch's "
                         "optimizer-in-backward recipe); no optimizer step after backward")
@@ -236,6 +242,13 @@ def main():
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.__enter__()
             x, y = x.to(args.device), y.to(args.device)
+            if args.masked_loss:
+                g = torch.Generator().manual_seed(7_000 + step * args.accum + micro)
+                keep = (torch.rand(y.shape, generator=g) < 0.15).to(args.device)
+            if args.drop_rows:
+                g = torch.Generator().manual_seed(8_000 + step * args.accum + micro)
+                keep = (torch.rand(y.shape, generator=g) < 0.8).to(args.device)
+                model.row_keep, y = keep, y[keep]
             with (torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16) if args.autocast
                   else contextlib.nullcontext()):
                 out = model(x)
@@ -254,7 +267,10 @@ def main():
             # --user-hooks: only the loss, so the model's own activations stay with memplan.
             with (torch.autograd.graph.saved_tensors_hooks(user_pack, user_unpack) if args.user_hooks
                   else contextlib.nullcontext()):
-                loss = models.loss_fn(args.model, out, y) / args.accum
+                if args.masked_loss:
+                    loss = torch.nn.functional.cross_entropy(out[keep], y[keep]) / args.accum
+                else:
+                    loss = models.loss_fn(args.model, out, y) / args.accum
             if args.inplace_error and step == 1:
                 # exp saves its result; modifying it in place must fail in backward
                 h = (out[0] if isinstance(out, tuple) else out).exp()

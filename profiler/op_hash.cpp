@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <set>
+
 namespace memplan {
 
 std::string OpHasher::hex() const { return fmt::format("{:016x}", h_); }
@@ -10,6 +12,28 @@ void OpHasher::add_op(const Op& op) {
   add(op.name.c_str());
   add(op.overload.c_str());
   for (const TensorRef& t : op.inputs) add_input(t.dtype.c_str(), t.shape.data(), t.shape.size());
+}
+
+void OpHasher::add_op_structure(const Op& op) {
+  add(op.name.c_str());
+  add(op.overload.c_str());
+  for (const TensorRef& t : op.inputs) add_input_structure(t.dtype.c_str(), t.shape.size());
+}
+
+bool data_dependent_shape(const Op& op) {
+  static const std::set<std::string> kAlways = {
+      "aten::nonzero",         "aten::nonzero_numpy", "aten::argwhere",         "aten::masked_select",
+      "aten::unique_dim",      "aten::_unique",       "aten::_unique2",         "aten::unique_consecutive",
+      "aten::unique_dim_consecutive", "aten::bincount"};
+  if (kAlways.count(op.name)) return true;
+  if (op.name == "aten::where") return op.inputs.size() == 1;  // where(cond): nonzero
+  if (op.name == "aten::repeat_interleave") return op.overload.find("Tensor") != std::string::npos;
+  if (op.name == "aten::index") {  // a boolean mask among the indices
+    for (size_t i = 1; i < op.inputs.size(); ++i) {
+      if (op.inputs[i].dtype == "Bool" || op.inputs[i].dtype == "Byte") return true;
+    }
+  }
+  return false;
 }
 
 uint64_t signature_of(const std::vector<Op>& ops) {

@@ -25,9 +25,15 @@ class OpHasher {
   void add_op(const Op& op);
   // One input of an op, as add_op feeds it (for hashing without building an Op).
   void add_input(const char* dtype, const int64_t* shape, size_t ndim) {
+    add_input_structure(dtype, ndim);
+    for (size_t i = 0; i < ndim; ++i) add(shape[i]);
+  }
+  // The op's structure: the same without the sizes (dtype and rank of each input). Two calls
+  // alike but for sizes that follow from data (after a boolean mask) share it.
+  void add_op_structure(const Op& op);
+  void add_input_structure(const char* dtype, size_t ndim) {
     add(dtype);
     add(static_cast<int64_t>(ndim));
-    for (size_t i = 0; i < ndim; ++i) add(shape[i]);
   }
 
  private:
@@ -39,6 +45,11 @@ class OpHasher {
 };
 
 std::string hash_forward_ops(const std::vector<Op>& ops);
+
+// Whether op's output shape follows from its inputs' values, not only their shapes: a boolean
+// mask index (`x[mask]`), nonzero, masked_select, unique, repeat_interleave by a tensor,
+// bincount. The ops after one may see other sizes from step to step with nothing else changed.
+bool data_dependent_shape(const Op& op);
 
 // A step's signature (Profile::signature): each kept op's identity hash (OpHasher::add_op, as the
 // replay's divergence check uses) folded in order, so a light record, which keeps no ops, gets

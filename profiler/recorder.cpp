@@ -131,23 +131,37 @@ uint64_t Recorder::op_hash(int64_t op) const {
   return h.value();
 }
 
-// Cost: FNV-1a over ~100-200 bytes per op; no allocation.
-uint64_t Recorder::identity_hash(const at::RecordFunction& fn) {
+uint64_t Recorder::op_structure_hash(int64_t op) const {
+  if (light_) return light_structure_;
   OpHasher h;
+  h.add_op_structure(profile_.forward.at(op));
+  return h.value();
+}
+
+// Cost: FNV-1a over ~100-200 bytes per op; no allocation.
+uint64_t Recorder::identity_hash(const at::RecordFunction& fn, uint64_t* structure) {
+  OpHasher h, st;
   h.add(fn.name());
   h.add(fn.overload_name());
+  if (structure) {
+    st.add(fn.name());
+    st.add(fn.overload_name());
+  }
   for (const c10::IValue& iv : fn.inputs()) {
     for_each_tensor(iv, [&](const at::Tensor& t) {
       const auto sizes = t.sizes();
-      h.add_input(c10::toString(t.scalar_type()), sizes.data(), sizes.size());
+      const char* dtype = c10::toString(t.scalar_type());
+      h.add_input(dtype, sizes.data(), sizes.size());
+      if (structure) st.add_input_structure(dtype, sizes.size());
     });
   }
+  if (structure) *structure = st.value();
   return h.value();
 }
 
 // Cost: identity_hash, a cached name lookup; no allocation.
 void Recorder::light_op_start(const at::RecordFunction& fn) {
-  light_hash_ = identity_hash(fn);
+  light_hash_ = identity_hash(fn, &light_structure_);
   current_random_ = is_random(fn);
   drew_unmarked_ = false;
   light_seq_begin_ = fn.seqNr();

@@ -58,9 +58,11 @@ class Recorder {
   // Identity hash of op `op`, which has just ended and was kept: OpHasher::add_op of its Op in
   // full mode; in light mode the same value, fed from the RecordFunction (only the last op's).
   uint64_t op_hash(int64_t op) const;
+  // Its structure hash (OpHasher::add_op_structure: no sizes), in either mode.
+  uint64_t op_structure_hash(int64_t op) const;
   // The same identity hash, of an op about to run (its name, overload and inputs' dtypes and
   // shapes): for any op, in any mode. Cost: one pass over the inputs' shapes, no allocation.
-  static uint64_t identity_hash(const at::RecordFunction& fn);
+  static uint64_t identity_hash(const at::RecordFunction& fn, uint64_t* structure = nullptr);
   // Name of the running backward node (valid until the next node starts).
   const char* current_node_name() const { return current_node_name_; }
 
@@ -115,6 +117,7 @@ class Recorder {
   bool light_ = false, light_next_ = false;
   int64_t light_ops_ = 0, light_nodes_ = 0;  // light mode: ops and nodes so far
   uint64_t light_hash_ = 0;                  // light mode: hash of the running / last op
+  uint64_t light_structure_ = 0;             // ... and its structure hash
   uint64_t light_sig_ = 0;                   // light mode: signature of the kept ops so far
   int64_t light_seq_begin_ = 0;              // light mode: the running op's first sequence number
   bool current_random_ = false;

@@ -1,0 +1,74 @@
+#include "profiler/op_hash.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace memplan {
+namespace {
+
+Op make(const std::string& name, std::vector<TensorRef> inputs, const std::string& overload = "") {
+  Op op;
+  op.name = name;
+  op.overload = overload;
+  op.inputs = std::move(inputs);
+  return op;
+}
+
+uint64_t identity(const Op& op) {
+  OpHasher h;
+  h.add_op(op);
+  return h.value();
+}
+
+uint64_t structure(const Op& op) {
+  OpHasher h;
+  h.add_op_structure(op);
+  return h.value();
+}
+
+TEST(OpHash, TheStructureIgnoresSizesButNotRanksDtypesOrNames) {
+  const Op a = make("aten::cross_entropy_loss", {{0, {16, 10}, "Float"}, {1, {16}, "Long"}});
+  const Op b = make("aten::cross_entropy_loss", {{0, {21, 10}, "Float"}, {1, {21}, "Long"}});
+  EXPECT_NE(identity(a), identity(b));
+  EXPECT_EQ(structure(a), structure(b));
+  EXPECT_NE(structure(a), structure(make("aten::cross_entropy_loss", {{0, {16, 10, 1}, "Float"}, {1, {16}, "Long"}})));
+  EXPECT_NE(structure(a), structure(make("aten::cross_entropy_loss", {{0, {16, 10}, "Half"}, {1, {16}, "Long"}})));
+  EXPECT_NE(structure(a), structure(make("aten::nll_loss", {{0, {16, 10}, "Float"}, {1, {16}, "Long"}})));
+  EXPECT_NE(structure(a), identity(a));
+}
+
+TEST(OpHash, ARunningHashOfInputsEqualsTheOpHash) {
+  // The replay feeds inputs one by one (add_input) and must get add_op's value.
+  const Op a = make("aten::linear", {{0, {4, 8}, "Float"}, {1, {3, 8}, "Float"}}, "");
+  OpHasher h, st;
+  h.add("aten::linear");
+  h.add("");
+  st.add("aten::linear");
+  st.add("");
+  for (const TensorRef& t : a.inputs) {
+    h.add_input(t.dtype.c_str(), t.shape.data(), t.shape.size());
+    st.add_input_structure(t.dtype.c_str(), t.shape.size());
+  }
+  EXPECT_EQ(h.value(), identity(a));
+  EXPECT_EQ(st.value(), structure(a));
+}
+
+TEST(OpHash, OpsWhoseOutputShapeFollowsFromData) {
+  const TensorRef x{0, {4, 32, 10}, "Float"};
+  EXPECT_TRUE(data_dependent_shape(make("aten::index", {x, {1, {4, 32}, "Bool"}}, "Tensor")));
+  EXPECT_TRUE(data_dependent_shape(make("aten::index", {x, {1, {4, 32}, "Byte"}}, "Tensor")));
+  EXPECT_FALSE(data_dependent_shape(make("aten::index", {x, {1, {7}, "Long"}}, "Tensor")));
+  EXPECT_FALSE(data_dependent_shape(make("aten::index", {{0, {4}, "Bool"}, {1, {2}, "Long"}}, "Tensor")));
+  EXPECT_TRUE(data_dependent_shape(make("aten::nonzero", {{0, {4, 32}, "Bool"}})));
+  EXPECT_TRUE(data_dependent_shape(make("aten::masked_select", {x, {1, {4, 32, 10}, "Bool"}})));
+  EXPECT_TRUE(data_dependent_shape(make("aten::where", {{0, {4, 32}, "Bool"}})));
+  EXPECT_FALSE(data_dependent_shape(make("aten::where", {{0, {4, 32}, "Bool"}, x, x}, "self")));
+  EXPECT_TRUE(data_dependent_shape(make("aten::repeat_interleave", {x, {1, {4}, "Long"}}, "self_Tensor")));
+  EXPECT_FALSE(data_dependent_shape(make("aten::repeat_interleave", {x}, "self_int")));
+  EXPECT_FALSE(data_dependent_shape(make("aten::linear", {x})));
+}
+
+}  // namespace
+}  // namespace memplan
