@@ -23,6 +23,7 @@
 #include "hooks/cpu_allocator.h"
 #include "hooks/cuda_tracker.h"
 #include "profiler/nvtx_ranges.h"
+#include "profiler/op_hash.h"
 #include "profiler/profile_io.h"
 #include "profiler/summary.h"
 #include "profiler/tensor_args.h"
@@ -442,8 +443,6 @@ void Agent::end_step(Profile p) {
   bool diverged = false;
   if (replayer_) {
     diverged = replayer_->diverged();
-    // Other sizes after a data-dependent shape only: a step of the kind it replayed.
-    if (!diverged && replayer_->drifted()) p.signature = choice_.kind;
     replayer_->end_step();
     ReplayStats& st = replayer_->stats();
     if (!diverged) {
@@ -462,6 +461,13 @@ void Agent::end_step(Profile p) {
       }
     }
     replayer_ = nullptr;
+  }
+  // The same ops with other sizes, in a kind whose ops' sizes follow from data (a loss over the
+  // tokens a mask keeps): a step of the kind it replayed (Replayer::check_divergence let it run
+  // on as planned; a plan without actions has no replayer, and is matched here).
+  if (!choice_.profile && !diverged && p.signature != choice_.kind) {
+    const PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
+    if (rec.data_dependent && p.structure_signature == rec.structure) p.signature = choice_.kind;
   }
   if (!choice_.profile && !diverged && p.signature != choice_.kind) {  // (a divergence says so itself)
     log_once("other-kind", LogLevel::Info,
@@ -515,6 +521,8 @@ void Agent::plan_kind(const Profile& p) {
   write_outputs();
   PlanRecord rec;
   rec.kind = p.signature;
+  rec.structure = p.structure_signature;
+  rec.data_dependent = std::any_of(p.forward.begin(), p.forward.end(), data_dependent_shape);
   const auto t0 = std::chrono::steady_clock::now();
   {
     nvtx::ScopedRange range("memplan/plan");

@@ -80,6 +80,8 @@ class Agent final : public OpSink {
     PlanInfo info;
     std::unique_ptr<Replayer> replayer;  // null: nothing to do for this kind (or no plan made)
     std::vector<double> iteration_us;    // wall time of each iteration that replayed it
+    uint64_t structure = 0;              // its profile's structure_signature
+    bool data_dependent = false;         // its profile has an op whose output shape follows from data
   };
 
   Agent();

@@ -46,6 +46,16 @@ uint64_t signature_of(const std::vector<Op>& ops) {
   return sig;
 }
 
+uint64_t structure_signature_of(const std::vector<Op>& ops) {
+  uint64_t sig = kSignatureSeed;
+  for (const Op& op : ops) {
+    OpHasher h;
+    h.add_op_structure(op);
+    sig = fold_signature(sig, h.value());
+  }
+  return sig;
+}
+
 std::string hash_forward_ops(const std::vector<Op>& ops) {
   OpHasher h;
   for (const Op& op : ops) h.add_op(op);

@@ -59,5 +59,6 @@ inline uint64_t fold_signature(uint64_t sig, uint64_t op_hash) {
   return (sig ^ op_hash) * 0x9e3779b97f4a7c15ull + (sig >> 29);
 }
 uint64_t signature_of(const std::vector<Op>& ops);
+uint64_t structure_signature_of(const std::vector<Op>& ops);
 
 }  // namespace memplan

@@ -94,6 +94,8 @@ struct Profile {
   // In-process only, not written: the fwd ops' identity hashes folded in order (op_hash.h,
   // fold_signature). Known for light records too, which have no op list to hash.
   uint64_t signature = 0;
+  // The same over the ops' structure hashes (no sizes: OpHasher::add_op_structure).
+  uint64_t structure_signature = 0;
   int64_t baseline_bytes = 0;       // allocated when the step began (params, grads, optimizer state)
   int64_t peak_bytes = 0;           // highest allocated during the step (absolute)
   int64_t end_bytes = 0;            // allocated when the step ended

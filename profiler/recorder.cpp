@@ -28,6 +28,7 @@ void Recorder::begin_step(int64_t step_index) {
   light_ = light_next_;
   light_ops_ = light_nodes_ = 0;
   light_sig_ = kSignatureSeed;
+  light_struct_sig_ = kSignatureSeed;
   profile_ = Profile();
   profile_.step = step_index;
   seq_begin_.clear();
@@ -177,6 +178,7 @@ void Recorder::light_op_end(const at::RecordFunction& fn) {
     if (light_ops_ == 0) in_step_ = false;
   } else {
     light_sig_ = fold_signature(light_sig_, light_hash_);
+    light_struct_sig_ = fold_signature(light_struct_sig_, light_structure_);
   }
   current_op_ = -1;
   packs_in_op_ = 0;
@@ -417,6 +419,7 @@ Profile Recorder::end_step() {
   }
   if (!light_) profile_.op_hash = hash_forward_ops(profile_.forward);
   profile_.signature = light_ ? light_sig_ : signature_of(profile_.forward);
+  profile_.structure_signature = light_ ? light_struct_sig_ : structure_signature_of(profile_.forward);
   in_step_ = false;
   in_backward_ = false;
   pack_counts_.clear();

@@ -119,6 +119,7 @@ class Recorder {
   uint64_t light_hash_ = 0;                  // light mode: hash of the running / last op
   uint64_t light_structure_ = 0;             // ... and its structure hash
   uint64_t light_sig_ = 0;                   // light mode: signature of the kept ops so far
+  uint64_t light_struct_sig_ = 0;            // ... and their structure signature
   int64_t light_seq_begin_ = 0;              // light mode: the running op's first sequence number
   bool current_random_ = false;
   const char* current_node_name_ = "";

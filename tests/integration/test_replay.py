@@ -224,6 +224,18 @@ def test_a_loss_over_masked_tokens_replays_one_plan_whatever_the_mask(runner, pl
     assert_peaks_as_predicted(report)
 
 
+def test_a_masked_loss_above_the_peak_costs_nothing_after_the_warmup(runner, plain_runs):
+    # A budget above the un-planned peak: a plan without actions, and no replayer to follow the
+    # ops. Steps whose sizes differ after the mask are matched to its kind at their end (same
+    # ops, dtypes and ranks), so the agent stops observing ops after the warm-up instead of
+    # recording 8 "new" kinds and giving up with a warning.
+    extra = ["--masked-loss"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "200%", extra)
+    assert "stops planning" not in p.stderr and "other ops than" not in p.stderr
+    assert report["phase"] == "done" and report["replay"] == []
+    assert report["step_kinds"]["misses"] == 0 and report["step_kinds"]["kinds"] <= 2
+
+
 def test_layers_after_a_data_dependent_row_count_are_evicted_as_planned(runner, plain_runs):
     # After the first layer the MLP keeps the rows a random mask picks: three of its four layers
     # see another number of rows every step. Their saved tensors are evicted and rebuilt as
