@@ -35,6 +35,11 @@ class MLP(nn.Module):
             self.side_proj = nn.Linear(hidden, d_in, bias=False)
 
     def forward(self, x):
+        if getattr(self, "shared_layer", False):
+            # The second layer applied twice: its weight gets two gradients, which the engine
+            # sums between two backward nodes.
+            h = self.net[:4](x)
+            return self.net[4:](self.net[3](self.net[2](h)))
         keep = getattr(self, "row_keep", None)
         if keep is not None:
             # The rows a mask drawn from the data keeps, after the first layer: every later op

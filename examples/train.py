@@ -66,6 +66,7 @@ def parse():
     p.add_argument("--masked-loss", action="store_true",
                    help="GPT-2: the loss over a random 15%% of the positions each step (a boolean mask "
                         "index, whose output size depends on the data)")
+    p.add_argument("--shared-layer", action="store_true", help="MLP: the second layer applied twice")
     p.add_argument("--drop-rows", action="store_true",
                    help="MLP: after the first layer, keep a random 80%% of the rows (a boolean mask "
                         "index: the later layers see another number of rows each step)")
@@ -203,6 +204,7 @@ def main():
         for blk in inner.blocks:
             blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.shared_layer = args.shared_layer
     if args.optimizer_in_backward:
         # Each parameter is updated as soon as its gradient is complete, in backward: the
         # parameters change while the step still runs (its gradients stay, for the dump).

@@ -151,6 +151,7 @@ class Recorder {
   // window before the forward reads it (that write comes before any read a re-run repeats).
   std::vector<InputVersion> input_versions_;
   void check_written(int64_t before_node);
+  void absorb_gap(Op* previous);
   void update_held(int64_t op);
   int64_t current_op_ = -1;
   int64_t packs_in_op_ = 0;
