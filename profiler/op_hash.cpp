@@ -36,25 +36,24 @@ bool data_dependent_shape(const Op& op) {
   return false;
 }
 
-uint64_t signature_of(const std::vector<Op>& ops) {
+namespace {
+
+// Each op hashed by `add` (OpHasher::add_op or add_op_structure), folded in order.
+uint64_t fold_ops(const std::vector<Op>& ops, void (OpHasher::*add)(const Op&)) {
   uint64_t sig = kSignatureSeed;
   for (const Op& op : ops) {
     OpHasher h;
-    h.add_op(op);
+    (h.*add)(op);
     sig = fold_signature(sig, h.value());
   }
   return sig;
 }
 
-uint64_t structure_signature_of(const std::vector<Op>& ops) {
-  uint64_t sig = kSignatureSeed;
-  for (const Op& op : ops) {
-    OpHasher h;
-    h.add_op_structure(op);
-    sig = fold_signature(sig, h.value());
-  }
-  return sig;
-}
+}  // namespace
+
+uint64_t signature_of(const std::vector<Op>& ops) { return fold_ops(ops, &OpHasher::add_op); }
+
+uint64_t structure_signature_of(const std::vector<Op>& ops) { return fold_ops(ops, &OpHasher::add_op_structure); }
 
 std::string hash_forward_ops(const std::vector<Op>& ops) {
   OpHasher h;

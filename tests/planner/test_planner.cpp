@@ -183,25 +183,41 @@ TEST(Simulate, AValueAPythonVariableHoldsIsFreedOnlyAfterIt) {
   (void)h3;
 }
 
+// x * w -> tanh -> sin -> sum, where tanh saves nothing and sin saves tanh's output h1: the plan
+// evicts h1 and rebuilds it from x and w (ops 0 and 1 re-run before its first unpack).
+struct TanhRebuiltFromInputs {
+  Profile p;
+  int64_t x = 0, w = 0, h1 = 0;
+  explicit TanhRebuiltFromInputs(int64_t w_bytes) {
+    SynthBuilder b;
+    x = b.input(1 << 20);
+    w = b.param(w_bytes);
+    const int64_t h0 = b.op("aten::mul", {x, w}, {{1 << 20}}, {w}, 10)[0];
+    h1 = b.op("aten::tanh", {h0}, {{1 << 20}}, {}, 10)[0];
+    const int64_t h2 = b.op("aten::sin", {h1}, {{1 << 20}}, {h1}, 10)[0];
+    b.op("aten::sum", {h2}, {{4}}, {h2}, 10);
+    p = b.finish();
+  }
+  Plan plan(const Graph& g) const {
+    Plan evict;
+    evict.evictions.push_back({h1, g.last_fwd_use[h1]});
+    evict.recomputes.push_back({g.first_unpack[h1], {0, 1}, {h1}});
+    return evict;
+  }
+};
+
 // An optimizer step in backward writes a parameter before a planned re-run reads it: the replay
 // copies it when the recipe captures it (copied_when_captured), and that copy lives to the step's
 // end. Written after the last re-run that reads it (the usual case), no copy.
 TEST(Simulate, AParameterWrittenBeforeARerunReadsItIsCopied) {
-  SynthBuilder b;
-  const int64_t x = b.input(1 << 20);
-  const int64_t w = b.param(1 << 16);
-  const int64_t h0 = b.op("aten::mul", {x, w}, {{1 << 20}}, {w}, 10)[0];
-  const int64_t h1 = b.op("aten::tanh", {h0}, {{1 << 20}}, {}, 10)[0];
-  const int64_t h2 = b.op("aten::sin", {h1}, {{1 << 20}}, {h1}, 10)[0];
-  b.op("aten::sum", {h2}, {{4}}, {h2}, 10);
-  Profile p = b.finish();
+  TanhRebuiltFromInputs t(1 << 16);
+  Profile& p = t.p;
+  const int64_t w = t.w;
   Graph g;
   std::string err;
   ASSERT_TRUE(build_graph(p, &g, &err)) << err;
-  Plan evict;  // h1 rebuilt from x and w: ops 0 and 1 re-run before its first unpack
-  const int64_t at = g.first_unpack[h1];
-  evict.evictions.push_back({h1, g.last_fwd_use[h1]});
-  evict.recomputes.push_back({at, {0, 1}, {h1}});
+  const Plan evict = t.plan(g);
+  const int64_t at = g.first_unpack[t.h1];
   const SimResult plain = simulate(g, evict);
   ASSERT_TRUE(plain.ok) << plain.error;
   const auto with_write = [&](int64_t before_node) {
@@ -231,20 +247,13 @@ TEST(Simulate, AParameterWrittenBeforeARerunReadsItIsCopied) {
 // `x = normalize(x)` in the step frees the raw batch after its last use; a plan that rebuilds
 // from it makes the replay keep it (the re-run op's recipe holds its inputs) to the step's end.
 TEST(Simulate, AnInputARebuildReadsStaysAliveToTheEnd) {
-  SynthBuilder b;
-  const int64_t x = b.input(1 << 20);
-  const int64_t w = b.param(1 << 12);
-  const int64_t h0 = b.op("aten::mul", {x, w}, {{1 << 20}}, {w}, 10)[0];
-  const int64_t h1 = b.op("aten::tanh", {h0}, {{1 << 20}}, {}, 10)[0];
-  const int64_t h2 = b.op("aten::sin", {h1}, {{1 << 20}}, {h1}, 10)[0];
-  b.op("aten::sum", {h2}, {{4}}, {h2}, 10);
-  Profile p = b.finish();
+  TanhRebuiltFromInputs t(1 << 12);
+  Profile& p = t.p;
+  const int64_t x = t.x;
   Graph g;
   std::string err;
   ASSERT_TRUE(build_graph(p, &g, &err)) << err;
-  Plan evict;  // h1 rebuilt from x: ops 0 and 1 re-run
-  evict.evictions.push_back({h1, g.last_fwd_use[h1]});
-  evict.recomputes.push_back({g.first_unpack[h1], {0, 1}, {h1}});
+  const Plan evict = t.plan(g);
   const SimResult alive = simulate(g, evict);
   ASSERT_TRUE(alive.ok) << alive.error;
   p.values[x].dies_after = 0;  // the script dropped x after op 0
