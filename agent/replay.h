@@ -62,9 +62,6 @@ class Replayer {
 
   const planner::Plan& plan() const { return plan_; }
   bool diverged() const { return diverged_; }
-  // The step ran the profile's ops, with other sizes after an op whose output shape follows from
-  // data (data_dependent_shape: a boolean mask index): still this plan's kind of step.
-  bool drifted() const { return drifted_; }
   ReplayStats& stats() { return stats_; }
 
   void begin_step();
@@ -214,7 +211,7 @@ class Replayer {
 
   // Step state.
   bool diverged_ = false;
-  bool drifted_ = false;
+  bool drifted_ = false;  // this step ran with other sizes after a data-dependent shape (stats once)
   bool follow_nodes_ = true;  // backward nodes still match the profile
   std::vector<Recipe> recipes_;
   std::vector<std::vector<Slot>> slots_;
