@@ -335,6 +335,7 @@ void Agent::optimizer_step_end() {
   if (opt_live_before_ >= 0 && recording() && recorder_.in_step()) {
     const int64_t kept = recorder_.live() - opt_live_before_;
     if (kept > 0) recorder_.raise_baseline(kept);
+    if (backward_depth_ == 0) recorder_.skip_gap();
   }
   opt_live_before_ = -1;
   quiet_ops_end();

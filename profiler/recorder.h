@@ -86,6 +86,10 @@ class Recorder {
   void raise_baseline(int64_t bytes) {
     if (in_step_) profile_.baseline_bytes += bytes;
   }
+  // The stretch since the last op began held an optimizer step (its callbacks off): what it
+  // allocated is no op's (its state stays, counted by raise_baseline; its first step's is not in
+  // any later step), so the next op does not add that stretch to the last one's peak.
+  void skip_gap() { skip_gap_ = in_step_; }
   // Time spent inside our own callbacks this step (recording overhead), microseconds.
   void add_overhead_ns(int64_t ns) { overhead_ns_ += ns; }
 
@@ -152,6 +156,7 @@ class Recorder {
   std::vector<InputVersion> input_versions_;
   void check_written(int64_t before_node);
   void absorb_gap(Op* previous);
+  bool skip_gap_ = false;
   void update_held(int64_t op);
   int64_t current_op_ = -1;
   int64_t packs_in_op_ = 0;
