@@ -31,12 +31,6 @@ namespace {
 thread_local std::vector<at::Tensor>* tl_capture = nullptr;
 constexpr int kMaxDepth = 4000;  // a rebuild chain longer than the step itself means a cycle
 
-uint64_t hash_op(const Op& op) {
-  OpHasher h;
-  h.add_op(op);
-  return h.value();
-}
-
 bool same_layout(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) &&
          a.storage_offset() == b.storage_offset() && a.scalar_type() == b.scalar_type();
@@ -159,10 +153,8 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
   const size_t n = profile.forward.size();
   op_hashes_.reserve(n);
   for (const Op& op : profile.forward) {
-    op_hashes_.push_back(hash_op(op));
-    OpHasher st;
-    st.add_op_structure(op);
-    op_structures_.push_back(st.value());
+    op_hashes_.push_back(identity_of(op));
+    op_structures_.push_back(structure_of(op));
     if (first_data_dependent_ < 0 && data_dependent_shape(op)) {
       first_data_dependent_ = static_cast<int64_t>(op_structures_.size()) - 1;
       first_data_dependent_name_ = op.name;

@@ -48,10 +48,10 @@ class StepKinds {
   Choice next(uint64_t first_op) const;
 
   // The step chosen as `c` ended, and ran op sequence `signature` from first op `first_op`;
-  // `diverged`: its replay left the plan's profile. True when that kind has no plan and is due one: it has been recorded
-  // whole `warmup` times, or it is the last of the run's first `warmup` steps (the warm-up: a
-  // script's first step often runs setup ops the later ones do not). The caller plans it and
-  // calls set_plan.
+  // `diverged`: its replay left the plan's profile. True when that kind has no plan and is due
+  // one: it has been recorded whole `warmup` times, or it is the last of the run's first
+  // `warmup` steps (the warm-up: a script's first step often runs setup ops the later ones do
+  // not). The caller plans it and calls set_plan.
   bool finish(const Choice& c, uint64_t signature, uint64_t first_op, bool diverged);
   void set_plan(uint64_t kind, int plan);
 

@@ -36,24 +36,32 @@ bool data_dependent_shape(const Op& op) {
   return false;
 }
 
+uint64_t identity_of(const Op& op) {
+  OpHasher h;
+  h.add_op(op);
+  return h.value();
+}
+
+uint64_t structure_of(const Op& op) {
+  OpHasher h;
+  h.add_op_structure(op);
+  return h.value();
+}
+
 namespace {
 
-// Each op hashed by `add` (OpHasher::add_op or add_op_structure), folded in order.
-uint64_t fold_ops(const std::vector<Op>& ops, void (OpHasher::*add)(const Op&)) {
+// Each op's `hash` (identity_of or structure_of), folded in order.
+uint64_t fold_ops(const std::vector<Op>& ops, uint64_t (*hash)(const Op&)) {
   uint64_t sig = kSignatureSeed;
-  for (const Op& op : ops) {
-    OpHasher h;
-    (h.*add)(op);
-    sig = fold_signature(sig, h.value());
-  }
+  for (const Op& op : ops) sig = fold_signature(sig, hash(op));
   return sig;
 }
 
 }  // namespace
 
-uint64_t signature_of(const std::vector<Op>& ops) { return fold_ops(ops, &OpHasher::add_op); }
+uint64_t signature_of(const std::vector<Op>& ops) { return fold_ops(ops, identity_of); }
 
-uint64_t structure_signature_of(const std::vector<Op>& ops) { return fold_ops(ops, &OpHasher::add_op_structure); }
+uint64_t structure_signature_of(const std::vector<Op>& ops) { return fold_ops(ops, structure_of); }
 
 std::string hash_forward_ops(const std::vector<Op>& ops) {
   OpHasher h;

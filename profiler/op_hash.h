@@ -46,6 +46,10 @@ class OpHasher {
 
 std::string hash_forward_ops(const std::vector<Op>& ops);
 
+// One op's identity hash (OpHasher::add_op) and structure hash (add_op_structure).
+uint64_t identity_of(const Op& op);
+uint64_t structure_of(const Op& op);
+
 // Whether op's output shape follows from its inputs' values, not only their shapes: a boolean
 // mask index (`x[mask]`), nonzero, masked_select, unique, repeat_interleave by a tensor,
 // bincount. The ops after one may see other sizes from step to step with nothing else changed.

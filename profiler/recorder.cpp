@@ -127,18 +127,10 @@ Recorder::RandomRule Recorder::random_rule(const at::RecordFunction& fn) {
   return rule;
 }
 
-uint64_t Recorder::op_hash(int64_t op) const {
-  if (light_) return light_hash_;
-  OpHasher h;
-  h.add_op(profile_.forward.at(op));
-  return h.value();
-}
+uint64_t Recorder::op_hash(int64_t op) const { return light_ ? light_hash_ : identity_of(profile_.forward.at(op)); }
 
 uint64_t Recorder::op_structure_hash(int64_t op) const {
-  if (light_) return light_structure_;
-  OpHasher h;
-  h.add_op_structure(profile_.forward.at(op));
-  return h.value();
+  return light_ ? light_structure_ : structure_of(profile_.forward.at(op));
 }
 
 // Cost: FNV-1a over ~100-200 bytes per op; no allocation.

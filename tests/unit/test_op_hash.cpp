@@ -16,27 +16,15 @@ Op make(const std::string& name, std::vector<TensorRef> inputs, const std::strin
   return op;
 }
 
-uint64_t identity(const Op& op) {
-  OpHasher h;
-  h.add_op(op);
-  return h.value();
-}
-
-uint64_t structure(const Op& op) {
-  OpHasher h;
-  h.add_op_structure(op);
-  return h.value();
-}
-
 TEST(OpHash, TheStructureIgnoresSizesButNotRanksDtypesOrNames) {
   const Op a = make("aten::cross_entropy_loss", {{0, {16, 10}, "Float"}, {1, {16}, "Long"}});
   const Op b = make("aten::cross_entropy_loss", {{0, {21, 10}, "Float"}, {1, {21}, "Long"}});
-  EXPECT_NE(identity(a), identity(b));
-  EXPECT_EQ(structure(a), structure(b));
-  EXPECT_NE(structure(a), structure(make("aten::cross_entropy_loss", {{0, {16, 10, 1}, "Float"}, {1, {16}, "Long"}})));
-  EXPECT_NE(structure(a), structure(make("aten::cross_entropy_loss", {{0, {16, 10}, "Half"}, {1, {16}, "Long"}})));
-  EXPECT_NE(structure(a), structure(make("aten::nll_loss", {{0, {16, 10}, "Float"}, {1, {16}, "Long"}})));
-  EXPECT_NE(structure(a), identity(a));
+  EXPECT_NE(identity_of(a), identity_of(b));
+  EXPECT_EQ(structure_of(a), structure_of(b));
+  EXPECT_NE(structure_of(a), structure_of(make("aten::cross_entropy_loss", {{0, {16, 10, 1}, "Float"}, {1, {16}, "Long"}})));
+  EXPECT_NE(structure_of(a), structure_of(make("aten::cross_entropy_loss", {{0, {16, 10}, "Half"}, {1, {16}, "Long"}})));
+  EXPECT_NE(structure_of(a), structure_of(make("aten::nll_loss", {{0, {16, 10}, "Float"}, {1, {16}, "Long"}})));
+  EXPECT_NE(structure_of(a), identity_of(a));
 }
 
 TEST(OpHash, ARunningHashOfInputsEqualsTheOpHash) {
@@ -51,8 +39,8 @@ TEST(OpHash, ARunningHashOfInputsEqualsTheOpHash) {
     h.add_input(t.dtype.c_str(), t.shape.data(), t.shape.size());
     st.add_input_structure(t.dtype.c_str(), t.shape.size());
   }
-  EXPECT_EQ(h.value(), identity(a));
-  EXPECT_EQ(st.value(), structure(a));
+  EXPECT_EQ(h.value(), identity_of(a));
+  EXPECT_EQ(st.value(), structure_of(a));
 }
 
 TEST(OpHash, OpsWhoseOutputShapeFollowsFromData) {
