@@ -645,7 +645,7 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo
   // The planner's own messages speak of the aimed budget; the user's budget is reported here.
   if (!r.plan.feasible) {
     warn("budget {} is below the minimum feasible {} for this step; running the minimum-memory plan",
-         format_bytes(r.plan.budget_bytes), format_bytes(r.plan.min_feasible_bytes));
+         format_bytes(r.plan.budget_bytes), format_bytes_up(r.plan.min_feasible_bytes));
   }
   if (!cache.empty() && !planner::write_plan_file(cache, r.plan, &error)) warn("plan not cached: {}", error);
   return accept(std::move(r.plan), "planned");
@@ -769,7 +769,7 @@ std::string Agent::replay_summary(const PlanRecord& rec, const std::string& titl
   line(fmt::format("budget {} ({:.0f}% of activations); un-planned peak {}; predicted peak {} ({:.0f}%){}",
                    format_bytes(p.budget), pct(p.budget), format_bytes(p.unplanned_peak),
                    format_bytes(p.predicted_peak), pct(p.predicted_peak),
-                   p.feasible ? "" : fmt::format("; below the minimum feasible {}", format_bytes(p.min_feasible))));
+                   p.feasible ? "" : fmt::format("; below the minimum feasible {}", format_bytes_up(p.min_feasible))));
   if (p.unplanned_time_us > 0) {
     line(fmt::format("predicted step time {:.2f} ms vs {:.2f} ms un-planned ({:+.1f}%); {} evictions, {} "
                      "recompute points; planning took {:.2f} s",

@@ -336,21 +336,6 @@ int env_world_size() {
   return 1;
 }
 
-std::string format_bytes(int64_t bytes) {
-  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  const char* sign = bytes < 0 ? "-" : "";
-  // Through double: -INT64_MIN does not fit an int64_t.
-  double v = std::fabs(static_cast<double>(bytes));
-  if (v < 1024) return fmt::format("{}{} B", sign, static_cast<int64_t>(v));
-  size_t u = 0;
-  while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
-    v /= 1024;
-    ++u;
-  }
-  return v < 10 ? fmt::format("{}{:.2f} {}", sign, v, units[u])
-                : fmt::format("{}{:.1f} {}", sign, v, units[u]);
-}
-
 const char* to_string(LogLevel level) {
   switch (level) {
     case LogLevel::Error: return "error";

@@ -81,9 +81,6 @@ std::string rank_path(const std::string& path, int rank, int world_size);
 int env_rank();
 int env_world_size();
 
-// Human-readable size, binary units: "512 B", "1.50 GiB", "300.0 MiB"; negative sizes keep the sign.
-std::string format_bytes(int64_t bytes);
-
 const char* to_string(LogLevel level);
 
 }  // namespace memplan

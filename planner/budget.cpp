@@ -25,12 +25,4 @@ double activation_percent(int64_t bytes, const Profile& p) {
   return 100.0 * static_cast<double>(bytes - p.baseline_bytes) / static_cast<double>(p.activation_bytes());
 }
 
-std::string format_bytes(int64_t b) {
-  const double x = static_cast<double>(b);
-  if (std::llabs(b) >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", x / (1 << 30));
-  if (std::llabs(b) >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", x / (1 << 20));
-  if (std::llabs(b) >= (int64_t{1} << 10)) return fmt::format("{:.1f} KiB", x / (1 << 10));
-  return fmt::format("{} B", b);
-}
-
 }  // namespace memplan::planner

@@ -251,7 +251,7 @@ PlanResult Planner::plan_for(const Budget& b) const {
       r.messages.push_back(fmt::format(
           "budget {} ({:.1f}% of activation memory) is below the minimum feasible {} ({:.1f}%); "
           "using the minimum-memory plan",
-          format_bytes(budget), activation_percent(budget, prof_), format_bytes(pick->peak),
+          format_bytes(budget), activation_percent(budget, prof_), format_bytes_up(pick->peak),
           activation_percent(pick->peak, prof_)));
     }
     r.plan = pick->plan;

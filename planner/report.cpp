@@ -16,7 +16,7 @@ std::string format_summary(const Planner& pl, const PlanResult& r, bool list_blo
                    format_bytes(p.peak_bytes), format_bytes(p.activation_bytes()));
   s += fmt::format("budget: {} ({:.1f}% of activation memory); minimum feasible {} ({:.1f}%)\n",
                    format_bytes(plan.budget_bytes), activation_percent(plan.budget_bytes, p),
-                   format_bytes(plan.min_feasible_bytes), activation_percent(plan.min_feasible_bytes, p));
+                   format_bytes_up(plan.min_feasible_bytes), activation_percent(plan.min_feasible_bytes, p));
   const PlannerStats& st = pl.stats();
   s += fmt::format("blocks: {} ({} distinct), {} candidate plans\n", st.blocks, st.distinct_blocks,
                    st.candidates);

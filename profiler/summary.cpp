@@ -1,5 +1,7 @@
 #include "profiler/summary.h"
 
+#include "profiler/bytes.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,15 +11,6 @@
 namespace memplan {
 
 namespace {
-
-std::string bytes(int64_t b) {
-  const double a = static_cast<double>(b < 0 ? -b : b);
-  const char* sign = b < 0 ? "-" : "";
-  if (a >= 1024.0 * 1024 * 1024) return fmt::format("{}{:.2f} GiB", sign, a / (1024.0 * 1024 * 1024));
-  if (a >= 1024.0 * 1024) return fmt::format("{}{:.1f} MiB", sign, a / (1024.0 * 1024));
-  if (a >= 1024.0) return fmt::format("{}{:.1f} KiB", sign, a / 1024.0);
-  return fmt::format("{}{} B", sign, static_cast<int64_t>(a));
-}
 
 struct Row {
   std::string name;
@@ -63,9 +56,9 @@ std::string format_summary(const Profile& p, const SummaryInputs& in) {
   }
   line(fmt::format("saved for backward: {} in {} storages ({} activations, of which {} also held "
                    "outside autograd; {} parameters/inputs)",
-                   bytes(saved), nsaved, bytes(saved_act), bytes(saved_held), bytes(saved - saved_act)));
+                   format_bytes(saved), nsaved, format_bytes(saved_act), format_bytes(saved_held), format_bytes(saved - saved_act)));
   line(fmt::format("memory: {} allocated at step start, peak {} (activations {}) at {}",
-                   bytes(p.baseline_bytes), bytes(p.peak_bytes), bytes(p.activation_bytes()),
+                   format_bytes(p.baseline_bytes), format_bytes(p.peak_bytes), format_bytes(p.activation_bytes()),
                    peak_location(p)));
   line(fmt::format("time: forward {:.2f} ms, backward {:.2f} ms", p.forward_us / 1000.0,
                    p.backward_us / 1000.0));
@@ -103,7 +96,7 @@ std::string format_summary(const Profile& p, const SummaryInputs& in) {
   std::sort(mem.begin(), mem.end(), [](const Mem& a, const Mem& b) { return a.grow > b.grow; });
   line("top 5 ops by memory (peak inside the op minus allocated when it began):");
   for (size_t i = 0; i < mem.size() && i < 5; ++i) {
-    line(fmt::format("  {:>10}  {}", bytes(mem[i].grow), mem[i].what));
+    line(fmt::format("  {:>10}  {}", format_bytes(mem[i].grow), mem[i].what));
   }
 
   const size_t calls = p.forward.size() + p.backward.size();

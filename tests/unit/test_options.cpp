@@ -332,6 +332,21 @@ TEST(FormatBytes, Cases) {
   EXPECT_EQ(format_bytes(INT64_MIN), "-8.00 EiB");
 }
 
+// The minimum feasible budget is printed rounded up, so that pasting it back as MEMPLAN_BUDGET is
+// enough: "budget 14.6 MiB is below the minimum feasible 14.6 MiB" read as nonsense before.
+TEST(FormatBytes, UpNeverBelowTheValue) {
+  EXPECT_EQ(format_bytes(15 * MiB), "15.0 MiB");
+  EXPECT_EQ(format_bytes_up(15 * MiB), "15.0 MiB");
+  EXPECT_EQ(format_bytes(15 * MiB + 1), "15.0 MiB");
+  EXPECT_EQ(format_bytes_up(15 * MiB + 1), "15.1 MiB");
+  EXPECT_EQ(format_bytes_up(2 * GiB + 1), "2.01 GiB");
+  EXPECT_EQ(format_bytes_up(1000), "1000 B");
+  for (int64_t b = 1000; b < 64 * GiB; b = b * 13 / 7 + 12345) {
+    EXPECT_GE(size_of(format_bytes_up(b)), b) << format_bytes_up(b);
+    EXPECT_LE(size_of(format_bytes_up(b)), b + b / 90) << format_bytes_up(b);  // one displayed digit
+  }
+}
+
 }  // namespace
 }  // namespace memplan
 
