@@ -679,7 +679,12 @@ void Agent::finish() {
     std::string error;
     if (!write_trace_file(trace_path_, steps, &error, replay_actions_)) warn("trace not written: {}", error);
   }
-  if (!options().report.empty()) write_report(rank_path(options().report, env_rank(), env_world_size()));
+  // A process that never ran a training step (torchrun's launcher, which imports torch too) has
+  // nothing to report; writing anyway would, with one rank (no .rankN suffix), replace the rank's
+  // report with an empty one as the launcher exits last.
+  if (!options().report.empty() && (steps_ > 0 || !profiles_.empty())) {
+    write_report(rank_path(options().report, env_rank(), env_world_size()));
+  }
   if (!options().summary || profiles_.empty()) return;
   SummaryInputs in;
   in.profile_path = profile_path_;

@@ -85,6 +85,9 @@ def parse():
                    help="print the bytes autograd saved in this step, from grad_fn._saved_* (needs no agent)")
     p.add_argument("--times", help="write per-step wall times (seconds, JSON list) here")
     p.add_argument("--distributed", action="store_true", help="init gloo process group (torchrun)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="with --distributed: FSDP2 (fully_shard per block and the model) instead of DDP; "
+                        "parameters are all-gathered before each block's forward and backward, freed after")
     p.add_argument("--device", default="cpu")
     return p.parse_args()
 
@@ -195,12 +198,18 @@ def main():
                          hardswish=args.hardswish, stochastic_depth=args.stochastic_depth,
                          sdpa=args.sdpa, noisy_op=args.noisy_op,
                          detached_side=args.detached_side).to(args.device)
-    if args.distributed:
+    if args.distributed and args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for blk in model.blocks:
+            fully_shard(blk)
+        fully_shard(model)
+    elif args.distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
     if args.checkpoint:
         from torch.utils.checkpoint import checkpoint
 
-        inner = model.module if args.distributed else model
+        inner = model.module if args.distributed and not args.fsdp else model
         for blk in inner.blocks:
             blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -230,7 +239,7 @@ def main():
         t0 = time.perf_counter()
         current["step"] = step
         if args.skip_block_at >= 0:
-            (model.module if args.distributed else model).skip_last_block = step >= args.skip_block_at
+            (model.module if args.distributed and not args.fsdp else model).skip_last_block = step >= args.skip_block_at
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for micro in range(args.accum):
@@ -344,14 +353,17 @@ def main():
         if args.dump:
             with torch.no_grad():
                 record["loss"].append(torch.tensor(total))
-                record["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()
+                # FSDP2's gradients are DTensors: this rank's shard.
+                local = lambda t: t.to_local() if hasattr(t, "to_local") else t
+                record["grads"].append({n: local(p.grad).detach().clone() for n, p in model.named_parameters()
                                         if p.grad is not None})
                 # Buffers too: BatchNorm's running statistics are part of the result.
                 record["buffers"].append({n: b.detach().clone() for n, b in model.named_buffers()})
     if side is not None:
         side.set()
     if args.dump:
-        torch.save(record, args.dump)
+        # One file per rank: their gradients differ under FSDP, and two writers of one file race.
+        torch.save(record, f"{args.dump}.rank{torch.distributed.get_rank()}" if args.distributed else args.dump)
     if args.times:
         with open(args.times, "w") as f:
             json.dump(times, f)

@@ -86,9 +86,10 @@ def nvtx_recorder(tmp):
     return {"NVTX_INJECTION64_PATH": recorder, "MEMPLAN_NVTX_LOG": log}, log
 
 
-def torchrun(tmp, script_args, env, port):
-    """`memplan-run python -m torch.distributed.run --nproc_per_node=2 examples/train.py ...`."""
-    args = [str(LAUNCHER), PY, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+def torchrun(tmp, script_args, env, port, launcher=True):
+    """`memplan-run python -m torch.distributed.run --nproc_per_node=2 examples/train.py ...`
+    (without memplan-run: launcher=False)."""
+    args = [*([str(LAUNCHER)] if launcher else []), PY, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
             str(TRAIN), *map(str, script_args), "--distributed"]
     e = clean_env({"OMP_NUM_THREADS": 1, **env})
     p = subprocess.run(args, cwd=tmp, env=e, capture_output=True, text=True, timeout=600)

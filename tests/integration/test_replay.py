@@ -451,13 +451,36 @@ def test_corrupt_plan_file_falls_back(runner, plain_runs):
     assert "MEMPLAN_PLAN=bad.json" in p.stderr and "planning from the profile instead" in p.stderr
 
 
-def test_torchrun_two_ranks_each_with_its_own_plan(runner):
-    torchrun(runner.tmp, ["--model", "gpt2", "--small", "--steps", "8", "--dump", "d.pt"],
-             {"MEMPLAN_WARMUP": 2, "MEMPLAN_BUDGET": "50%", "MEMPLAN_REPORT": "report.json"}, 29541)
+def torchrun_identical(runner, extra, port):
+    """Two gloo ranks without and with memplan at 50%: each rank's losses and gradients (its own
+    shard under FSDP) bit-identical, each rank with its own plan. Returns the ranks' reports."""
+    args = ["--model", "gpt2", "--small", "--steps", "8", *extra]
+    torchrun(runner.tmp, [*args, "--dump", "plain.pt"], {}, port, launcher=False)
+    torchrun(runner.tmp, [*args, "--dump", "d.pt"],
+             {"MEMPLAN_WARMUP": 2, "MEMPLAN_BUDGET": "50%", "MEMPLAN_REPORT": "report.json"}, port + 1)
+    reports = []
     for r in (0, 1):
+        assert_same_dumps(runner.tmp / f"plain.pt.rank{r}", runner.tmp / f"d.pt.rank{r}")
         rep = json.loads((runner.tmp / f"report.rank{r}.json").read_text())
-        # DDP's first iterations differ (bucket rebuild): a divergence, a re-profile, then replay.
         assert rep["rank"] == r and any(x["evicted"] > 0 for x in rep["replay"])
+        reports.append(rep)
+    # torchrun's launcher imports torch too, runs no step and writes no report of its own.
+    assert not (runner.tmp / "report.json").exists()
+    return reports
+
+
+def test_torchrun_two_ranks_each_with_its_own_plan(runner):
+    # DDP's first iterations differ (bucket rebuild): a divergence, a re-profile, then replay.
+    torchrun_identical(runner, [], 29541)
+
+
+def test_fsdp2_two_ranks(runner):
+    # FSDP2 all-gathers each block's parameters before its forward and again before its backward,
+    # and frees them after each: the parameters that recomputations read in backward are the
+    # re-gathered ones (same tensors, storage resized back), and gradients are shards.
+    for rep in torchrun_identical(runner, ["--fsdp"], 29545):
+        r = rep["replay"][-1]
+        assert r["divergences"] == 0 and r["on_demand"] == 0 and r["rebuilt"] == r["evicted"]
 
 
 def test_actions_in_nvtx_and_trace(runner):
