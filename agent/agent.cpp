@@ -22,6 +22,7 @@
 #include "planner/planner.h"
 #include "hooks/cpu_allocator.h"
 #include "hooks/cuda_tracker.h"
+#include "profiler/bytes.h"
 #include "profiler/nvtx_ranges.h"
 #include "profiler/op_hash.h"
 #include "profiler/profile_io.h"
@@ -463,18 +464,19 @@ void Agent::end_step(Profile p) {
     }
     replayer_ = nullptr;
   }
-  // The same ops with other sizes, in a kind whose ops' sizes follow from data (a loss over the
-  // tokens a mask keeps): a step of the kind it replayed (Replayer::check_divergence let it run
-  // on as planned; a plan without actions has no replayer, and is matched here).
-  if (!choice_.profile && !diverged && p.signature != choice_.kind) {
-    const PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
-    if (rec.data_dependent && p.structure_signature == rec.structure) p.signature = choice_.kind;
-  }
   if (!choice_.profile && !diverged && p.signature != choice_.kind) {  // (a divergence says so itself)
-    log_once("other-kind", LogLevel::Info,
-             "a step ran other ops than the step predicted for it (its kind of step, or a new one): "
-             "that step ran without planned actions; new kinds of step are profiled and planned on "
-             "their own");
+    // The same ops with other sizes, in a kind whose ops' sizes follow from data (a loss over the
+    // tokens a mask keeps): a step of the kind it replayed (Replayer::check_divergence let it run
+    // on as planned; a plan without actions has no replayer, and is matched here).
+    const PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
+    if (rec.data_dependent && p.structure_signature == rec.structure) {
+      p.signature = choice_.kind;
+    } else {
+      log_once("other-kind", LogLevel::Info,
+               "a step ran other ops than the step predicted for it (its kind of step, or a new one): "
+               "that step ran without planned actions; new kinds of step are profiled and planned on "
+               "their own");
+    }
   }
   if (log_enabled(LogLevel::Debug)) {
     debug("step {}: kind {:016x}, {}{}", p.step, p.signature,
@@ -682,7 +684,7 @@ void Agent::finish() {
   // A process that never ran a training step (torchrun's launcher, which imports torch too) has
   // nothing to report; writing anyway would, with one rank (no .rankN suffix), replace the rank's
   // report with an empty one as the launcher exits last.
-  if (!options().report.empty() && (steps_ > 0 || !profiles_.empty())) {
+  if (!options().report.empty() && steps_ > 0) {
     write_report(rank_path(options().report, env_rank(), env_world_size()));
   }
   if (!options().summary || profiles_.empty()) return;

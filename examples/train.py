@@ -206,14 +206,14 @@ def main():
         fully_shard(model)
     elif args.distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     if args.checkpoint:
         from torch.utils.checkpoint import checkpoint
 
-        inner = model.module if args.distributed and not args.fsdp else model
         for blk in inner.blocks:
             blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    model.shared_layer = args.shared_layer
+    inner.shared_layer = args.shared_layer  # read by the module's forward, not by a DDP wrapper
     if args.optimizer_in_backward:
         # Each parameter is updated as soon as its gradient is complete, in backward: the
         # parameters change while the step still runs (its gradients stay, for the dump).
@@ -239,7 +239,7 @@ def main():
         t0 = time.perf_counter()
         current["step"] = step
         if args.skip_block_at >= 0:
-            (model.module if args.distributed and not args.fsdp else model).skip_last_block = step >= args.skip_block_at
+            inner.skip_last_block = step >= args.skip_block_at
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for micro in range(args.accum):
@@ -259,7 +259,7 @@ def main():
             if args.drop_rows:
                 g = torch.Generator().manual_seed(8_000 + step * args.accum + micro)
                 keep = (torch.rand(y.shape, generator=g) < 0.8).to(args.device)
-                model.row_keep, y = keep, y[keep]
+                inner.row_keep, y = keep, y[keep]
             with (torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16) if args.autocast
                   else contextlib.nullcontext()):
                 out = model(x)

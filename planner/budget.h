@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <string>
 
-#include "profiler/bytes.h"
 #include "profiler/profile.h"
 
 namespace memplan::planner {
@@ -24,4 +23,5 @@ struct Budget {
 int64_t budget_bytes(const Budget& b, const Profile& p);
 // `bytes` as a percentage of the profile's activation memory (100 if there is none).
 double activation_percent(int64_t bytes, const Profile& p);
+
 }  // namespace memplan::planner

@@ -10,6 +10,7 @@
 #include "planner/chain_dp.h"
 #include "planner/whole_graph.h"
 #include "planner/plan_builder.h"
+#include "profiler/bytes.h"
 
 namespace memplan::planner {
 

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "profiler/bytes.h"
+
 namespace memplan::planner {
 
 std::string format_summary(const Planner& pl, const PlanResult& r, bool list_blocks) {

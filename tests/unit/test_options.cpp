@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "profiler/bytes.h"
+
 namespace memplan {
 namespace {
 
