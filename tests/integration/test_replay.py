@@ -481,6 +481,7 @@ def test_fsdp2_two_ranks(runner):
     for rep in torchrun_identical(runner, ["--fsdp"], 29545):
         r = rep["replay"][-1]
         assert r["divergences"] == 0 and r["on_demand"] == 0 and r["rebuilt"] == r["evicted"]
+        assert_peaks_as_predicted(rep)  # each rank within its budget and its prediction
 
 
 def test_actions_in_nvtx_and_trace(runner):
