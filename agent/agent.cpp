@@ -190,13 +190,17 @@ void Agent::op_start(const at::RecordFunction& fn) {
   recorder_.op_start(fn);
   const int64_t op = recorder_.current_op();
   if (!choice_.profile && op >= 0) {
-    if (replayer_) replayer_->op_start(fn, op, recorder_.current_random());
+    bool wants_packs = false;
+    each_replayer([&](Replayer& r) {
+      r.op_start(fn, op, recorder_.current_random());
+      wants_packs = wants_packs || r.wants_packs(op);
+    });
     // An op that saves nothing the plan evicts (every op, in a step of a kind whose plan has no
     // actions) keeps its saved tensors with autograd, exactly as without memplan: no Python
     // pack/unpack call for them (measured: the hooks were ~4-5% of a GPT-2 demo step). Only while
     // our hooks are the innermost: a user's saved_tensors_hooks or checkpoint above ours stay
     // untouched.
-    const bool bypass = !(replayer_ && replayer_->wants_packs(op)) && our_hooks_on_top();
+    const bool bypass = !wants_packs && our_hooks_on_top();
     if (bypass) {
       packs_prev_tracing_ = at::SavedTensorDefaultHooks::set_tracing(true);
       packs_off_ = true;  // until restore_pack_hooks()
@@ -211,11 +215,10 @@ void Agent::op_start(const at::RecordFunction& fn) {
 // after the op that read it): the replayer copies it first. Cost while replaying: a few flag
 // checks, then Replayer::before_write's.
 void Agent::untracked_op(const at::RecordFunction& fn) {
-  if (fn.threadId() != owner_ || inert_ || phase_ != Phase::Replay || backward_depth_ > 0 || !replayer_ ||
-      choice_.profile) {
+  if (fn.threadId() != owner_ || inert_ || phase_ != Phase::Replay || backward_depth_ > 0 || choice_.profile) {
     return;
   }
-  replayer_->before_write(fn);
+  each_replayer([&](Replayer& r) { r.before_write(fn); });
 }
 
 void Agent::op_end(const at::RecordFunction& fn) {
@@ -227,13 +230,60 @@ void Agent::op_end(const at::RecordFunction& fn) {
   if (timing_device_) device_timer_.op_end(forward_op_id(op));  // first thing
   const int64_t before = recorder_.op_count();
   recorder_.op_end(fn);
-  if (replayer_) {
+  if (!choice_.profile) {
     const bool dropped = recorder_.op_count() < before;
-    if (recorder_.drew_unmarked()) replayer_->forget_recipe(op);
-    replayer_->op_end(fn, op, dropped, dropped ? 0 : recorder_.op_hash(op),
-                      dropped ? 0 : recorder_.op_structure_hash(op));
+    const uint64_t hash = dropped ? 0 : recorder_.op_hash(op);
+    const uint64_t structure = dropped ? 0 : recorder_.op_structure_hash(op);
+    if (!undecided_.empty() && !dropped) narrow_kinds(op, hash, structure);
+    const bool drew = recorder_.drew_unmarked();
+    each_replayer([&](Replayer& r) {
+      if (drew) r.forget_recipe(op);
+      r.op_end(fn, op, dropped, hash, structure);
+    });
   }
   if (choice_.profile) nvtx::range_pop();
+}
+
+// Kinds of step that start with the same op (a model that first slices its position table, the
+// same for every sequence length) are told apart by the first op where their sequences differ:
+// until then every candidate's replayer follows the step (recipes, packs), none acts. At op
+// `op`'s end (before any candidate acts at it), the candidates whose profile ran another op here
+// are ruled out; the step is decided when one is left, or when one of them would act at this op
+// (then the prediction's order decides among the rest). With none left, the predicted kind goes
+// on and diverges, as before. Cost: one OpSequence::match per candidate per op, only until the
+// step is decided (a few ops).
+void Agent::narrow_kinds(int64_t op, uint64_t hash, uint64_t structure) {
+  std::vector<int> left;
+  bool acts = false;
+  for (int plan : undecided_) {
+    const PlanRecord& rec = plans_[static_cast<size_t>(plan)];
+    if (rec.ops.match(op, hash, structure) == OpSequence::Match::Other) continue;
+    left.push_back(plan);
+    acts = acts || (rec.replayer && rec.replayer->first_action_op() >= 0 && rec.replayer->first_action_op() <= op);
+  }
+  if (left.empty()) {
+    decide_kind(undecided_.front());
+  } else if (left.size() == 1 || acts) {
+    decide_kind(left.front());
+  } else {
+    undecided_ = std::move(left);
+  }
+}
+
+// The running step replays plans_[plan]: the other candidates drop what they recorded of it.
+void Agent::decide_kind(int plan) {
+  for (int other : undecided_) {
+    Replayer* r = plans_[static_cast<size_t>(other)].replayer.get();
+    if (other != plan && r) r->abandon_step();
+  }
+  undecided_.clear();
+  if (plan == choice_.plan) return;
+  const PlanRecord& rec = plans_[static_cast<size_t>(plan)];
+  debug("step {}: its ops so far are kind {:016x}'s, not the predicted {:016x}'s", steps_, rec.kind, choice_.kind);
+  choice_.kind = rec.kind;
+  choice_.plan = plan;
+  replayer_ = rec.replayer.get();
+  pause_backward_nodes(recorder_.light() && (replayer_ == nullptr || !replayer_->needs_node_callbacks()));
 }
 
 // A node of a graph another thread built (its own backward, running beside ours) is not the
@@ -279,7 +329,7 @@ Saved Agent::pack(const at::Tensor& t) {
     OverheadTimer timer(&recorder_);
     s.value = recorder_.on_pack(t);
     s.step = steps_;
-    if (replayer_) replayer_->on_pack(h.s, t, recorder_.pack_owner());
+    each_replayer([&](Replayer& r) { r.on_pack(h.s, t, recorder_.pack_owner()); });
   }
   return h;
 }
@@ -365,6 +415,7 @@ void Agent::backward_begin() {
   }
   ++backward_depth_;
   restore_pack_hooks();  // a backward inside a forward op (a Python-kernel custom op)
+  if (!undecided_.empty()) decide_kind(undecided_.front());  // the forward ran alike for them all
   // Forward ops are ignored during backward (op_start): stop the dispatcher boxing the arguments
   // of every aten op the backward runs, only for us to drop them.
   pause_forward_ops(true);
@@ -421,6 +472,11 @@ void Agent::begin_step(const at::RecordFunction& first) {
   first_op_ = Recorder::identity_hash(first);
   choice_ = planning_ ? kinds_.next(first_op_) : StepKinds::Choice{};
   replayer_ = choice_.profile ? nullptr : plans_[static_cast<size_t>(choice_.plan)].replayer.get();
+  undecided_.clear();
+  if (!choice_.profile && !choice_.others.empty()) {
+    undecided_.push_back(choice_.plan);
+    undecided_.insert(undecided_.end(), choice_.others.begin(), choice_.others.end());
+  }
   // Replayed steps are recorded light, their record read for its peak and signature only; the
   // first one with actions is kept whole, for the trace. A debug log keeps every one whole.
   recorder_.set_light(!choice_.profile && (replay_profile_ != nullptr || replayer_ == nullptr) &&
@@ -428,7 +484,7 @@ void Agent::begin_step(const at::RecordFunction& first) {
   recorder_.begin_step(steps_);
   // A light replayed step needs no node callbacks when the plan's actions hang on the nodes.
   pause_backward_nodes(recorder_.light() && (replayer_ == nullptr || !replayer_->needs_node_callbacks()));
-  if (replayer_) replayer_->begin_step();
+  each_replayer([](Replayer& r) { r.begin_step(); });
 }
 
 void Agent::end_step(Profile p) {
@@ -448,7 +504,7 @@ void Agent::end_step(Profile p) {
     replayer_->end_step();
     ReplayStats& st = replayer_->stats();
     if (!diverged) {
-      if (!replay_profile_) {
+      if (!replay_profile_ && !recorder_.light()) {  // (light: the step's kind was decided late)
         replay_profile_ = std::make_unique<Profile>(p);
         replay_actions_ = replayer_->first_step_actions();
       }
@@ -526,6 +582,7 @@ void Agent::plan_kind(const Profile& p) {
   rec.kind = p.signature;
   rec.structure = p.structure_signature;
   rec.data_dependent = std::any_of(p.forward.begin(), p.forward.end(), data_dependent_shape);
+  rec.ops = OpSequence(p.forward);
   const auto t0 = std::chrono::steady_clock::now();
   {
     nvtx::ScopedRange range("memplan/plan");

@@ -18,6 +18,7 @@
 #include "agent/step_kinds.h"
 #include "hooks/device_timer.h"
 #include "hooks/op_callbacks.h"
+#include "profiler/op_sequence.h"
 #include "profiler/profile.h"
 #include "profiler/recorder.h"
 
@@ -82,6 +83,7 @@ class Agent final : public OpSink {
     std::vector<double> iteration_us;    // wall time of each iteration that replayed it
     uint64_t structure = 0;              // its profile's structure_signature
     bool data_dependent = false;         // its profile has an op whose output shape follows from data
+    OpSequence ops;                      // its profile's forward ops (narrow_kinds)
   };
 
   Agent();
@@ -93,6 +95,19 @@ class Agent final : public OpSink {
   void begin_step(const at::RecordFunction& first);
   void end_step(Profile p);
   void plan_kind(const Profile& p);
+  void narrow_kinds(int64_t op, uint64_t hash, uint64_t structure);
+  void decide_kind(int plan);
+  // Calls f on the running step's replayer, or while its kind is undecided on each candidate's.
+  template <typename F>
+  void each_replayer(F f) {
+    if (undecided_.empty()) {
+      if (replayer_) f(*replayer_);
+      return;
+    }
+    for (int plan : undecided_) {
+      if (Replayer* r = plans_[static_cast<size_t>(plan)].replayer.get()) f(*r);
+    }
+  }
   // Nothing left to do (profile only, no action needed, or given up): the op callbacks go.
   void stop_observing();
   bool nothing_to_do() const;
@@ -125,6 +140,9 @@ class Agent final : public OpSink {
   bool outputs_written_ = false;
   std::vector<PlanRecord> plans_;  // in the order they were made
   Replayer* replayer_ = nullptr;   // the running step's, while it replays a plan with actions
+  // While the running step's kind is undecided (narrow_kinds): the plans it may still replay,
+  // the predicted one (choice_.plan) first; else empty.
+  std::vector<int> undecided_;
   bool replay_range_ = false;      // the "memplan/replay" NVTX range is open
   std::chrono::steady_clock::time_point last_backward_end_;
   std::vector<double> iteration_us_[2];  // iterations that recorded, ran plainly (replayed: per plan)

@@ -149,17 +149,9 @@ void Replayer::attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outp
 
 std::vector<at::Tensor>* Replayer::capture() { return tl_capture; }
 
-Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move(plan)) {
+Replayer::Replayer(const Profile& profile, planner::Plan plan)
+    : plan_(std::move(plan)), ops_(profile.forward), first_data_dependent_(ops_.first_data_dependent()) {
   const size_t n = profile.forward.size();
-  op_hashes_.reserve(n);
-  for (const Op& op : profile.forward) {
-    op_hashes_.push_back(identity_of(op));
-    op_structures_.push_back(structure_of(op));
-    if (first_data_dependent_ < 0 && data_dependent_shape(op)) {
-      first_data_dependent_ = static_cast<int64_t>(op_structures_.size()) - 1;
-      first_data_dependent_name_ = op.name;
-    }
-  }
   for (const Op& node : profile.backward) node_names_.push_back(node.name);
   // Inputs and parameters the profiled step wrote in place (a buffer a backward hook updates, a
   // parameter an optimizer step in backward updates; unseen by the write guard while forward
@@ -254,6 +246,11 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan) : plan_(std::move
     pack_values_[i] = profile.forward[i].packs;
     for (int64_t v : pack_values_[i]) {
       if (v >= 0 && static_cast<size_t>(v) < acted_on.size() && acted_on[v]) wants_packs_[i] = 1;
+    }
+  }
+  for (size_t i = 0; i < n && first_action_op_ < 0; ++i) {
+    if (!evict_after_[i].empty() || !hold_from_[i].empty() || !compact_after_[i].empty() || !node_actions_[i].empty()) {
+      first_action_op_ = static_cast<int64_t>(i);
     }
   }
 }
@@ -392,18 +389,18 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
 // only the memory differs, as it would without memplan. Such a step goes on as planned.
 void Replayer::check_divergence(int64_t op, uint64_t hash, uint64_t structure, const char* name) {
   if (diverged_) return;
-  if (static_cast<size_t>(op) < op_hashes_.size() && hash != op_hashes_[op] && structure == op_structures_[op] &&
-      first_data_dependent_ >= 0 && op > first_data_dependent_) {
+  const OpSequence::Match m = ops_.match(op, hash, structure);
+  if (m == OpSequence::Match::Drift) {
     if (!drifted_) ++stats_.drifted;
     drifted_ = true;
     log_once("drift", LogLevel::Info,
              fmt::format("a step ran the profile's ops with other sizes after an op whose output shape "
                          "depends on the data ({}, forward op {}): replayed with the same plan; its "
                          "peak varies with those sizes",
-                         first_data_dependent_name_, first_data_dependent_));
+                         ops_.first_data_dependent_name(), first_data_dependent_));
     return;
   }
-  if (static_cast<size_t>(op) >= op_hashes_.size() || hash != op_hashes_[op]) {
+  if (m == OpSequence::Match::Other) {
     diverged_ = true;
     ++stats_.divergences;
     log_once("divergence", LogLevel::Info,

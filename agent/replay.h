@@ -26,6 +26,7 @@
 
 #include "agent/saved.h"
 #include "planner/plan.h"
+#include "profiler/op_sequence.h"
 #include "profiler/profile.h"
 #include "profiler/trace_export.h"
 
@@ -65,6 +66,14 @@ class Replayer {
   ReplayStats& stats() { return stats_; }
 
   void begin_step();
+  // This step is another kind's after all (Agent::narrow_kinds): drop what it recorded of it.
+  // Only before first_action_op()'s end, so nothing was evicted, held or hooked.
+  void abandon_step() { begin_step(); }
+  // The profile's forward ops, as identities (what check_divergence compares with).
+  const OpSequence& ops() const { return ops_; }
+  // The first forward op at whose end the plan acts (evicts, compacts, holds, hooks a node), or
+  // -1 for none. Up to there a step only builds recipes and state a rebuild might need.
+  int64_t first_action_op() const { return first_action_op_; }
   // A top-level forward op `op` (the recorder's index) starts / ends. `dropped` mirrors the
   // recorder leaving out an op with no tensor output; `hash` is the op's identity and
   // `structure` the same without sizes (op_hash.h).
@@ -172,10 +181,9 @@ class Replayer {
   void compact_after(int64_t op);
 
   planner::Plan plan_;
-  std::vector<uint64_t> op_hashes_;                           // per profile forward op
-  std::vector<uint64_t> op_structures_;                       // ... the same without sizes
+  OpSequence ops_;                     // the profile's forward ops, as identities
+  int64_t first_action_op_ = -1;
   int64_t first_data_dependent_ = -1;  // the first profile op whose output shape follows from data
-  std::string first_data_dependent_name_;
   std::vector<std::string> node_names_;                       // per profile backward node
   std::vector<std::vector<int64_t>> evict_after_;             // per fwd op: values to evict
   std::vector<std::vector<int64_t>> hold_from_;               // per fwd op: values to hold

@@ -63,6 +63,10 @@ StepKinds::Choice StepKinds::next(uint64_t first_op) const {
   if (it != kinds_.end() && it->second.plan >= 0) {
     c.profile = false;
     c.plan = it->second.plan;
+    for (const auto& [k, info] : kinds_) {
+      if (k != *kind && info.first_op == first_op && info.plan >= 0) c.others.push_back(info.plan);
+    }
+    std::sort(c.others.begin(), c.others.end());
   }
   return c;
 }

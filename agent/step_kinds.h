@@ -3,12 +3,14 @@
 // A script may run several different steps in turn: a GAN's discriminator and generator steps,
 // two losses with a backward each, batches bucketed by sequence length, a smaller last batch per
 // epoch. Each op sequence (a "kind", named by its signature, Profile::signature) gets its own
-// profiles and its own plan, and the plan has to be chosen at the step's first op. That op's
-// identity (name, input shapes and dtypes) already tells apart the kinds that differ there (a
-// batch of another length or size): only kinds that start with it are candidates. Among those
-// the next kind is predicted from the ones before it (a GAN's two steps may start alike); a
-// first op no kind starts with is a new kind, recorded whole. A wrong guess is a divergence (the
-// replay stops evicting and rebuilds on demand), never a wrong gradient.
+// profiles and its own plan, chosen from the step's first op. That op's identity (name, input
+// shapes and dtypes) already tells apart the kinds that differ there (a batch of another length
+// or size): only kinds that start with it are candidates. Among those the next kind is
+// predicted from the ones before it (a GAN's two steps may start alike), and the other planned
+// candidates are named too (Choice::others): the agent follows them all until the step's ops
+// tell them apart (Agent::narrow_kinds). A first op no kind starts with is a new kind, recorded
+// whole. A wrong guess is a divergence (the replay stops evicting and rebuilds on demand),
+// never a wrong gradient.
 //
 // And a script whose step changes all the time (a new sequence length every batch) would be
 // profiled and planned over and over, each plan costing about a second: after too many kinds or
@@ -43,8 +45,13 @@ class StepKinds {
     bool profile = true;
     uint64_t kind = 0;  // 0: no kind known starts with this first op
     int plan = -1;
+    // When replaying: the plans of the other kinds that start with this first op, in the order
+    // they were made. Until the step's ops tell them apart, it may be one of those
+    // (Agent::narrow_kinds).
+    std::vector<int> others;
   };
-  // `first_op`: identity hash of the step's first op (Recorder::identity_hash).
+  // `first_op`: identity hash of the step's first op (Recorder::identity_hash). Cost: predict's,
+  // plus one pass over the kinds (at most kMaxKinds + 1).
   Choice next(uint64_t first_op) const;
 
   // The step chosen as `c` ended, and ran op sequence `signature` from first op `first_op`;

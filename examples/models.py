@@ -108,8 +108,13 @@ class GPT2(nn.Module):
 
     def forward(self, idx):
         t = idx.size(1)
-        pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.tok(idx) + self.pos(pos))
+        if getattr(self, "pos_first", False):
+            # The position table sliced first (ViT's `pos_embed[:, :n]`): the step's first op
+            # reads a parameter of a fixed shape, whatever the sequence length.
+            x = self.drop(self.pos.weight[:t] + self.tok(idx))
+        else:
+            pos = torch.arange(t, device=idx.device)
+            x = self.drop(self.tok(idx) + self.pos(pos))
         if getattr(self, "noisy_op", False) and self.training:
             x = noisy(x)
         if getattr(self, "stochastic_depth", False) and self.training:

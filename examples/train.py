@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import sys
 import time
 
@@ -63,6 +64,12 @@ def parse():
     p.add_argument("--seq-cycle", default="",
                    help="GPT-2: comma-separated sequence lengths, one per forward/backward in turn (with "
                         "--accum 2 and two lengths: two kinds of step that alternate)")
+    p.add_argument("--seq-random", default="",
+                   help="GPT-2: comma-separated sequence lengths, one drawn per forward/backward from a "
+                        "fixed pseudo-random sequence (buckets in random order)")
+    p.add_argument("--pos-first", action="store_true",
+                   help="GPT-2: the position table sliced before the token embedding, so that the "
+                        "step's first op reads a fixed-shape parameter whatever the length")
     p.add_argument("--masked-loss", action="store_true",
                    help="GPT-2: the loss over a random 15%% of the positions each step (a boolean mask "
                         "index, whose output size depends on the data)")
@@ -180,6 +187,9 @@ class Loader(torch.utils.data.Dataset):
         if self.args.seq_cycle:
             lengths = [int(n) for n in self.args.seq_cycle.split(",")]
             seq = lengths[i % len(lengths)]
+        if self.args.seq_random:
+            lengths = [int(n) for n in self.args.seq_random.split(",")]
+            seq = lengths[random.Random(1000 + i).randrange(len(lengths))]
         return models.make_batch(self.name, i, batch=self.args.batch, seq_len=seq)
 
 
@@ -213,7 +223,8 @@ def main():
         for blk in inner.blocks:
             blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    inner.shared_layer = args.shared_layer  # read by the module's forward, not by a DDP wrapper
+    inner.shared_layer = args.shared_layer
+    inner.pos_first = args.pos_first  # read by the module's forward, not by a DDP wrapper
     if args.optimizer_in_backward:
         # Each parameter is updated as soon as its gradient is complete, in backward: the
         # parameters change while the step still runs (its gradients stay, for the dump).

@@ -1,4 +1,5 @@
 #include "profiler/op_hash.h"
+#include "profiler/op_sequence.h"
 
 #include <gtest/gtest.h>
 
@@ -56,6 +57,30 @@ TEST(OpHash, OpsWhoseOutputShapeFollowsFromData) {
   EXPECT_TRUE(data_dependent_shape(make("aten::repeat_interleave", {x, {1, {4}, "Long"}}, "self_Tensor")));
   EXPECT_FALSE(data_dependent_shape(make("aten::repeat_interleave", {x}, "self_int")));
   EXPECT_FALSE(data_dependent_shape(make("aten::linear", {x})));
+}
+
+TEST(OpSequence, MatchesOpsByIdentityAndAfterADataDependentShapeByStructure) {
+  const TensorRef x{0, {4, 32, 10}, "Float"};
+  const std::vector<Op> ops = {make("aten::linear", {x}), make("aten::index", {x, {1, {4, 32}, "Bool"}}, "Tensor"),
+                               make("aten::relu", {{2, {77, 10}, "Float"}})};
+  const OpSequence seq(ops);
+  EXPECT_EQ(seq.size(), 3u);
+  EXPECT_EQ(seq.first_data_dependent(), 1);
+  EXPECT_EQ(seq.first_data_dependent_name(), "aten::index");
+  const Op relu_other = make("aten::relu", {{2, {81, 10}, "Float"}});
+  const Op linear_other = make("aten::linear", {{0, {4, 16, 10}, "Float"}});
+  EXPECT_EQ(seq.match(0, identity_of(ops[0]), structure_of(ops[0])), OpSequence::Match::Same);
+  EXPECT_EQ(seq.match(2, identity_of(ops[2]), structure_of(ops[2])), OpSequence::Match::Same);
+  // Other sizes after the mask index: the same op (the count of rows kept follows from data).
+  EXPECT_EQ(seq.match(2, identity_of(relu_other), structure_of(relu_other)), OpSequence::Match::Drift);
+  // Before it, other sizes are another step (another sequence length).
+  EXPECT_EQ(seq.match(0, identity_of(linear_other), structure_of(linear_other)), OpSequence::Match::Other);
+  EXPECT_EQ(seq.match(2, identity_of(ops[0]), structure_of(ops[0])), OpSequence::Match::Other);
+  EXPECT_EQ(seq.match(3, identity_of(ops[0]), structure_of(ops[0])), OpSequence::Match::Other);
+  EXPECT_EQ(seq.match(-1, identity_of(ops[0]), structure_of(ops[0])), OpSequence::Match::Other);
+  const OpSequence plain({ops[0], ops[2]});
+  EXPECT_EQ(plain.first_data_dependent(), -1);
+  EXPECT_EQ(plain.match(1, identity_of(relu_other), structure_of(relu_other)), OpSequence::Match::Other);
 }
 
 }  // namespace

@@ -192,6 +192,33 @@ TEST(StepKinds, AmongKindsThatStartAlikeThePatternDecides) {
   EXPECT_EQ(k.misses(), 2) << got;
 }
 
+TEST(StepKinds, AReplayNamesTheOtherPlannedKindsThatStartAlike) {
+  // Lengths in random order behind a first op that does not see the length: the agent follows
+  // the other planned kinds that start alike until an op tells them apart (Agent::narrow_kinds).
+  StepKinds k(2);
+  const auto first = [](uint64_t kind) -> uint64_t { return kind == C ? 2 : 1; };
+  std::vector<uint64_t> steps = repeat({A, B}, 6);
+  for (uint64_t s : {C, C, C}) steps.push_back(s);
+  const std::string got = drive(k, steps, nullptr, first);
+  ASSERT_GE(k.plan_of(A), 0) << got;
+  ASSERT_GE(k.plan_of(B), 0) << got;
+  ASSERT_GE(k.plan_of(C), 0) << got;
+  const StepKinds::Choice c = k.next(1);
+  ASSERT_FALSE(c.profile);
+  EXPECT_TRUE(c.kind == A || c.kind == B);
+  EXPECT_EQ(c.others, std::vector<int>{k.plan_of(c.kind == A ? B : A)});  // not C, which starts otherwise
+  EXPECT_TRUE(k.next(2).others.empty());
+  EXPECT_TRUE(k.next(3).others.empty());  // a first op no kind starts with: profiled
+}
+
+TEST(StepKinds, AKindWithoutAPlanIsNoOtherCandidate) {
+  StepKinds k(2);
+  drive(k, {A, A, A});  // A planned
+  k.finish(k.next(alike(B)), B, alike(B), true);  // B seen once, diverging from A's plan
+  const StepKinds::Choice c = k.next(alike(A));
+  EXPECT_TRUE(c.others.empty());
+}
+
 TEST(StepKinds, GivesUpOnAStepThatChangesEveryTime) {
   // A new sequence length every batch.
   StepKinds k(2);

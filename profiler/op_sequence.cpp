@@ -1,0 +1,20 @@
+#include "profiler/op_sequence.h"
+
+#include "profiler/op_hash.h"
+
+namespace memplan {
+
+OpSequence::OpSequence(const std::vector<Op>& forward) {
+  hashes_.reserve(forward.size());
+  structures_.reserve(forward.size());
+  for (const Op& op : forward) {
+    if (first_data_dependent_ < 0 && data_dependent_shape(op)) {
+      first_data_dependent_ = static_cast<int64_t>(hashes_.size());
+      first_data_dependent_name_ = op.name;
+    }
+    hashes_.push_back(identity_of(op));
+    structures_.push_back(structure_of(op));
+  }
+}
+
+}  // namespace memplan

@@ -1,0 +1,45 @@
+// The forward ops a profiled step ran, as identities (op_hash.h): which ops of a later step match
+// it. The replay checks every op against its plan's sequence (divergence), and a step whose first
+// op several kinds of step start with is matched against each of theirs until one is left
+// (Agent::narrow_kinds).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "profiler/profile.h"
+
+namespace memplan {
+
+class OpSequence {
+ public:
+  OpSequence() = default;
+  explicit OpSequence(const std::vector<Op>& forward);
+
+  enum class Match {
+    Same,   // the profile's op at this position
+    Drift,  // the same op with other sizes, after an op whose output shape follows from data
+    Other,  // another op, or another shape: the step left this sequence
+  };
+  // Op `op` of a step, by its identity and structure hashes (Recorder::op_hash /
+  // op_structure_hash). Cost: two compares.
+  Match match(int64_t op, uint64_t hash, uint64_t structure) const {
+    if (op < 0 || static_cast<size_t>(op) >= hashes_.size()) return Match::Other;
+    if (hash == hashes_[op]) return Match::Same;
+    if (structure == structures_[op] && first_data_dependent_ >= 0 && op > first_data_dependent_) return Match::Drift;
+    return Match::Other;
+  }
+  size_t size() const { return hashes_.size(); }
+  // The first op whose output shape follows from data (data_dependent_shape), or -1.
+  int64_t first_data_dependent() const { return first_data_dependent_; }
+  const std::string& first_data_dependent_name() const { return first_data_dependent_name_; }
+
+ private:
+  std::vector<uint64_t> hashes_;      // per op: identity_of
+  std::vector<uint64_t> structures_;  // per op: structure_of
+  int64_t first_data_dependent_ = -1;
+  std::string first_data_dependent_name_;
+};
+
+}  // namespace memplan
