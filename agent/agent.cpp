@@ -466,11 +466,31 @@ bool Agent::backward_end() {
   return phase_ != Phase::Done;
 }
 
+namespace {
+// The step's first op as StepKinds knows it: identity, structure, and its inputs' elements (a
+// sequence length or batch size makes them more). Once per step.
+StepKinds::FirstOp first_op_of(const at::RecordFunction& fn) {
+  StepKinds::FirstOp f;
+  f.identity = Recorder::identity_hash(fn, &f.structure);
+  for (const c10::IValue& iv : fn.inputs()) {
+    if (iv.isTensor() && iv.toTensor().defined()) f.numel += iv.toTensor().numel();
+  }
+  return f;
+}
+}  // namespace
+
 // At a step's first op: which kind of step this is predicted to be (among those that start with
 // this op), and so whether it is recorded whole (profiled) or replays that kind's plan.
 void Agent::begin_step(const at::RecordFunction& first) {
-  first_op_ = Recorder::identity_hash(first);
+  first_op_ = first_op_of(first);
   choice_ = planning_ ? kinds_.next(first_op_) : StepKinds::Choice{};
+  if (choice_.family) {
+    log_once("family", LogLevel::Info,
+             fmt::format("a step of a size with no plan of its own (another sequence length or batch size, with "
+                         "{} or more kinds of step seen) replays the plan of the smallest larger step of the same "
+                         "ops; steps larger than every planned one are profiled and planned at once",
+                         StepKinds::kOwnPlans));
+  }
   replayer_ = choice_.profile ? nullptr : plans_[static_cast<size_t>(choice_.plan)].replayer.get();
   undecided_.clear();
   if (!choice_.profile && !choice_.others.empty()) {
@@ -484,7 +504,7 @@ void Agent::begin_step(const at::RecordFunction& first) {
   recorder_.begin_step(steps_);
   // A light replayed step needs no node callbacks when the plan's actions hang on the nodes.
   pause_backward_nodes(recorder_.light() && (replayer_ == nullptr || !replayer_->needs_node_callbacks()));
-  each_replayer([](Replayer& r) { r.begin_step(); });
+  each_replayer([&](Replayer& r) { r.begin_step(choice_.family); });
 }
 
 void Agent::end_step(Profile p) {
@@ -508,8 +528,10 @@ void Agent::end_step(Profile p) {
         replay_profile_ = std::make_unique<Profile>(p);
         replay_actions_ = replayer_->first_step_actions();
       }
-      st.measured_peak.push_back(p.peak_bytes);
-      st.measured_baseline.push_back(p.baseline_bytes);
+      // A smaller step of the same ops (Choice::family) is measured apart: its peak says whether
+      // it kept to the budget, not how good the prediction for the plan's own size was.
+      (choice_.family ? st.family_peak : st.measured_peak).push_back(p.peak_bytes);
+      (choice_.family ? st.family_baseline : st.measured_baseline).push_back(p.baseline_bytes);
       st.callback_us.push_back(p.overhead_us);
       if (recorder_.light()) ++st.light_steps;
       if (log_enabled(LogLevel::Debug)) {
@@ -525,7 +547,7 @@ void Agent::end_step(Profile p) {
     // tokens a mask keeps): a step of the kind it replayed (Replayer::check_divergence let it run
     // on as planned; a plan without actions has no replayer, and is matched here).
     const PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
-    if (rec.data_dependent && p.structure_signature == rec.structure) {
+    if ((rec.data_dependent || choice_.family) && p.structure_signature == rec.structure) {
       p.signature = choice_.kind;
     } else {
       log_once("other-kind", LogLevel::Info,
@@ -813,7 +835,9 @@ void Agent::write_report(const std::string& path) const {
                     {"expanded", st.expanded}, {"tail_reruns", st.tail_reruns},
                     {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline},
                     {"callback_us", st.callback_us}, {"light_steps", st.light_steps},
-                    {"node_hooks", st.node_hooks}, {"snapshots", st.snapshots}, {"drifted", st.drifted}});
+                    {"node_hooks", st.node_hooks}, {"snapshots", st.snapshots}, {"drifted", st.drifted},
+                    {"family_steps", st.family_steps}, {"family_peak_bytes", st.family_peak},
+                    {"family_baseline_bytes", st.family_baseline}});
   };
   for (const PlanRecord& rec : plans_) {
     if (rec.replayer) add(*rec.replayer);
@@ -855,8 +879,18 @@ std::string Agent::replay_summary(const PlanRecord& rec, const std::string& titl
     const int64_t med = peaks[peaks.size() / 2];
     line(fmt::format("replayed {} step(s): measured peak {} (median, on the profile's baseline; {:.0f}% of "
                      "activations), predicted {} (error {:+.1f}%)",
-                     st.steps, format_bytes(med), pct(med), format_bytes(p.predicted_peak),
+                     st.steps - static_cast<int64_t>(st.family_peak.size()), format_bytes(med), pct(med),
+                     format_bytes(p.predicted_peak),
                      p.predicted_peak > 0 ? 100.0 * (static_cast<double>(med) / p.predicted_peak - 1.0) : 0.0));
+  }
+  if (!st.family_peak.empty()) {
+    int64_t worst = 0;
+    for (size_t i = 0; i < st.family_peak.size(); ++i) {
+      worst = std::max(worst, st.family_peak[i] - st.family_baseline[i] + p.baseline);
+    }
+    line(fmt::format("and {} step(s) of the same ops at smaller sizes, with no plan of their own: measured peak "
+                     "at most {} (on the profile's baseline; {:.0f}% of this plan's activations)",
+                     st.family_peak.size(), format_bytes(worst), pct(worst)));
   }
   if (!rec.iteration_us.empty()) {
     line(fmt::format("replayed iterations: {:.2f} ms (median wall time, optimizer and data included), of which "

@@ -131,7 +131,7 @@ class Agent final : public OpSink {
   std::vector<Profile> profiles_; // steps recorded whole (warm-up, and each new kind's)
   bool planning_ = false;         // a budget or a plan file: kinds get plans (else profile only)
   StepKinds kinds_{2};
-  uint64_t first_op_ = 0;         // the running step's first op (Recorder::identity_hash)
+  StepKinds::FirstOp first_op_;   // the running step's first op
   StepKinds::Choice choice_;      // the running step's: profile it, or replay plans_[choice_.plan]
   std::string profile_path_, trace_path_;
   std::string step_device_ = "cpu";

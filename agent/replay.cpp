@@ -1,6 +1,7 @@
 #include "agent/replay.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
@@ -273,7 +274,7 @@ int64_t Replayer::planned_value(int64_t op, int64_t ordinal, const at::Tensor& t
   // output shape follows from data: there sizes may differ (check_divergence), and the plan's
   // evictions must still happen, or its rebuilds would only add copies (a mixture of experts at
   // 50%: +51% over the predicted peak, above the un-planned one).
-  if (static_cast<int64_t>(t.storage().nbytes()) != value_bytes_[v] &&
+  if (static_cast<int64_t>(t.storage().nbytes()) != value_bytes_[v] && !any_size_ &&
       (first_data_dependent_ < 0 || op <= first_data_dependent_)) {
     return -1;
   }
@@ -301,11 +302,13 @@ Replayer::ActionSpan::~ActionSpan() {
   r_->action(name_, start_, true);
 }
 
-void Replayer::begin_step() {
+void Replayer::begin_step(bool any_size) {
   ++generation_;
   t0_ = std::chrono::steady_clock::now();
   diverged_ = false;
   drifted_ = false;
+  any_size_ = any_size;
+  if (any_size) ++stats_.family_steps;
   follow_nodes_ = true;
   recipes_.clear();
   slots_.clear();
@@ -389,8 +392,9 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
 // only the memory differs, as it would without memplan. Such a step goes on as planned.
 void Replayer::check_divergence(int64_t op, uint64_t hash, uint64_t structure, const char* name) {
   if (diverged_) return;
-  const OpSequence::Match m = ops_.match(op, hash, structure);
+  const OpSequence::Match m = ops_.match(op, hash, structure, any_size_);
   if (m == OpSequence::Match::Drift) {
+    if (any_size_) return;  // a family's step: other sizes throughout (stats().family_steps)
     if (!drifted_) ++stats_.drifted;
     drifted_ = true;
     log_once("drift", LogLevel::Info,
@@ -665,12 +669,24 @@ void Replayer::snapshot_external(const at::Tensor& t, uint32_t version) {
   ++stats_.snapshots;
 }
 
-// An external as a re-run must read it: itself if unchanged since `src` captured it, else its
-// snapshot from then (snapshot_external); undefined if neither.
+namespace {
+// Whether `t`'s storage no longer holds its elements (resized smaller since: FSDP2 frees a
+// block's unsharded parameters after its forward, and gathers them again for its backward).
+// Cost: a few multiplications.
+bool released(const at::Tensor& t) {
+  if (!t.has_storage() || t.layout() != at::kStrided) return false;
+  return t.storage().nbytes() <
+         at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(), static_cast<size_t>(t.storage_offset()));
+}
+}  // namespace
+
+// An external as a re-run must read it: itself if unchanged since `src` captured it (and its
+// storage still there), else its snapshot from then (snapshot_external); undefined if neither.
 at::Tensor Replayer::external_as_captured(const TensorSource& src) const {
   if (!src.external.defined()) return src.external;
   const c10::TensorImpl* impl = src.external.unsafeGetTensorImpl();
-  if (src.external._version() == src.external_version && (overwritten_.empty() || !overwritten_.count(impl))) {
+  if (src.external._version() == src.external_version && (overwritten_.empty() || !overwritten_.count(impl)) &&
+      !released(src.external)) {
     return src.external;
   }
   auto it = snapshots_.find({impl, src.external_version});

@@ -48,6 +48,8 @@ struct ReplayStats {
   int64_t tail_reruns = 0;      // dropout re-runs done as input x expanded mask (of ops_rerun)
   std::vector<int64_t> measured_peak;   // per replayed step, absolute allocated bytes
   std::vector<int64_t> measured_baseline;
+  std::vector<int64_t> family_peak;      // the same, for the steps of its family (Choice::family)
+  std::vector<int64_t> family_baseline;
   // Per replayed step: time inside the agent's callbacks (record, replay, rebuilds), us. Not the
   // dispatcher's cost of calling them (boxing the top-level op's arguments) nor Python's.
   std::vector<double> callback_us;
@@ -55,6 +57,7 @@ struct ReplayStats {
   int64_t node_hooks = 0;   // planned recomputes started from a hook on their autograd Node
   int64_t snapshots = 0;    // inputs or parameters copied when captured, as a write would follow
   int64_t drifted = 0;      // steps replayed with other sizes after a data-dependent shape
+  int64_t family_steps = 0; // steps of another size replayed with this plan (Choice::family)
 };
 
 class Replayer {
@@ -65,10 +68,17 @@ class Replayer {
   bool diverged() const { return diverged_; }
   ReplayStats& stats() { return stats_; }
 
-  void begin_step();
+  // `any_size`: the step runs the profile's ops at other sizes (a sequence length of the same
+  // model that has no plan of its own, replaying the plan of a larger one: StepKinds::Choice::
+  // family). Its ops are matched by structure, its values mapped by position, as after a
+  // data-dependent shape; every rebuild still re-runs the step's own calls.
+  void begin_step(bool any_size = false);
   // This step is another kind's after all (Agent::narrow_kinds): drop what it recorded of it.
   // Only before first_action_op()'s end, so nothing was evicted, held or hooked.
-  void abandon_step() { begin_step(); }
+  void abandon_step() {
+    if (any_size_) --stats_.family_steps;
+    begin_step();
+  }
   // The profile's forward ops, as identities (what check_divergence compares with).
   const OpSequence& ops() const { return ops_; }
   // The first forward op at whose end the plan acts (evicts, compacts, holds, hooks a node), or
@@ -220,6 +230,7 @@ class Replayer {
   // Step state.
   bool diverged_ = false;
   bool drifted_ = false;  // this step ran with other sizes after a data-dependent shape (stats once)
+  bool any_size_ = false; // this step may run every op at other sizes (begin_step)
   bool follow_nodes_ = true;  // backward nodes still match the profile
   std::vector<Recipe> recipes_;
   std::vector<std::vector<Slot>> slots_;

@@ -54,24 +54,47 @@ std::optional<uint64_t> StepKinds::predict(uint64_t first_op) const {
   return std::nullopt;
 }
 
-StepKinds::Choice StepKinds::next(uint64_t first_op) const {
+StepKinds::Choice StepKinds::next(const FirstOp& first) const {
   Choice c;
-  const std::optional<uint64_t> kind = predict(first_op);
-  if (!kind) return c;
-  c.kind = *kind;
-  auto it = kinds_.find(*kind);
-  if (it != kinds_.end() && it->second.plan >= 0) {
-    c.profile = false;
-    c.plan = it->second.plan;
-    for (const auto& [k, info] : kinds_) {
-      if (k != *kind && info.first_op == first_op && info.plan >= 0) c.others.push_back(info.plan);
+  if (const std::optional<uint64_t> kind = predict(first.identity)) {
+    c.kind = *kind;
+    auto it = kinds_.find(*kind);
+    if (it != kinds_.end() && it->second.plan >= 0) {
+      c.profile = false;
+      c.plan = it->second.plan;
+      for (const auto& [k, info] : kinds_) {
+        if (k != *kind && info.first_op == first.identity && info.plan >= 0) c.others.push_back(info.plan);
+      }
+      std::sort(c.others.begin(), c.others.end());
+      return c;
     }
-    std::sort(c.others.begin(), c.others.end());
+  }
+  // No planned kind starts with this op. Past kOwnPlans kinds, the plan of the smallest planned
+  // kind of the same structure that is at least as large (fewest elements, then the earliest).
+  if (kinds_.size() < kOwnPlans || first.structure == 0) return c;
+  const std::pair<const uint64_t, Kind>* cover = nullptr;
+  for (const auto& e : kinds_) {
+    const Kind& k = e.second;
+    if (k.plan < 0 || k.first_structure != first.structure || k.first_numel < first.numel) continue;
+    if (!cover || k.first_numel < cover->second.first_numel ||
+        (k.first_numel == cover->second.first_numel && k.plan < cover->second.plan)) {
+      cover = &e;
+    }
+  }
+  if (cover) {
+    c.profile = false;
+    c.kind = cover->first;
+    c.plan = cover->second.plan;
+    c.family = true;
+  } else {
+    // Larger than every planned kind of its structure (or the first): planned from this one
+    // record, so that its size and the smaller ones have a plan (a length may never recur).
+    c.plan_at_once = true;
   }
   return c;
 }
 
-bool StepKinds::finish(const Choice& c, uint64_t signature, uint64_t first_op, bool diverged) {
+bool StepKinds::finish(const Choice& c, uint64_t signature, const FirstOp& first, bool diverged) {
   history_.push_back(signature);
   if (history_.size() > kWindow) history_.pop_front();
   const bool missed = !c.profile && (diverged || signature != c.kind);
@@ -83,14 +106,33 @@ bool StepKinds::finish(const Choice& c, uint64_t signature, uint64_t first_op, b
     // The same ops, yet the replay left the profile (a saved tensor or a node differed): this
     // kind's plan no longer describes its steps; record it again.
     k = Kind{};
-    k.first_op = first_op;
+    k.first_op = first.identity;
+    k.first_structure = first.structure;
+    k.first_numel = first.numel;
     return false;
   }
-  k.first_op = first_op;
+  if (!(c.family && signature == c.kind)) {  // (a family's step is not the kind's own first op)
+    k.first_op = first.identity;
+    k.first_structure = first.structure;
+    k.first_numel = first.numel;
+  }
   if (!c.profile) return false;
   ++k.profiled;
   ++recorded_;
-  return k.plan < 0 && (k.profiled >= warmup_ || (!any_plan_ && recorded_ >= warmup_));
+  return k.plan < 0 && (k.profiled >= warmup_ || (!any_plan_ && recorded_ >= warmup_) || c.plan_at_once);
+}
+
+size_t StepKinds::families() const {
+  std::vector<uint64_t> seen;
+  size_t alone = 0;
+  for (const auto& [kind, k] : kinds_) {
+    if (k.first_structure == 0) {
+      ++alone;
+    } else if (std::find(seen.begin(), seen.end(), k.first_structure) == seen.end()) {
+      seen.push_back(k.first_structure);
+    }
+  }
+  return alone + seen.size();
 }
 
 void StepKinds::set_plan(uint64_t kind, int plan) {
@@ -99,10 +141,10 @@ void StepKinds::set_plan(uint64_t kind, int plan) {
 }
 
 std::optional<std::string> StepKinds::give_up() const {
-  if (kinds_.size() > kMaxKinds) {
+  if (families() > kMaxKinds || kinds_.size() > kMaxKindsAll) {
     return fmt::format("the training step ran {} different op sequences (shapes or ops change from step to "
                        "step; at most {} are planned)",
-                       kinds_.size(), kMaxKinds);
+                       kinds_.size(), families() > kMaxKinds ? kMaxKinds : kMaxKindsAll);
   }
   const auto recent = static_cast<size_t>(std::count(missed_.begin(), missed_.end(), 1));
   if (recent >= kMaxMisses) {

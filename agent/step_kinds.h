@@ -32,12 +32,28 @@ class StepKinds {
  public:
   static constexpr size_t kWindow = 64;     // steps of history the prediction looks at
   static constexpr size_t kMaxContext = 16; // longest history suffix matched
-  static constexpr size_t kMaxKinds = 8;    // more different op sequences: give up
+  static constexpr size_t kMaxKinds = 8;    // more families of op sequences: give up
+  static constexpr size_t kMaxKindsAll = 32; // more different op sequences: give up
+  // Up to this many kinds, each gets its own profile and plan. From there on, a step with no
+  // planned kind of its own whose first op has the structure of a planned kind's, with no more
+  // elements, replays the plan of the smallest such kind (Choice::family): a new sequence length
+  // every batch (padding to each batch's longest) replays the plan of a longer one.
+  static constexpr size_t kOwnPlans = 4;
   static constexpr size_t kMissWindow = 16; // give up at kMaxMisses wrong guesses in this many steps
   static constexpr size_t kMaxMisses = 4;
 
   // `warmup`: full records of a kind before it is planned (MEMPLAN_WARMUP).
   explicit StepKinds(int warmup) : warmup_(warmup < 1 ? 1 : warmup) {}
+
+  // A step's first op: its identity hash (name, input shapes and dtypes; Recorder::
+  // identity_hash), its structure hash (the same without sizes; 0: none, no family) and its
+  // input elements (how large the step is, among steps of the same structure).
+  struct FirstOp {
+    FirstOp(uint64_t id = 0, uint64_t st = 0, int64_t n = 0) : identity(id), structure(st), numel(n) {}
+    uint64_t identity;
+    uint64_t structure;
+    int64_t numel;
+  };
 
   // What the next step does: record it whole (its kind has no plan yet, or nothing is known),
   // or replay the predicted kind's plan (`plan` >= 0, an index the caller gave in set_plan).
@@ -49,17 +65,24 @@ class StepKinds {
     // they were made. Until the step's ops tell them apart, it may be one of those
     // (Agent::narrow_kinds).
     std::vector<int> others;
+    // Replaying the plan of a kind of the same structure and at least this step's size, this
+    // step's kind having no plan of its own (kOwnPlans): its ops are matched by structure, and
+    // a step that runs the same ops counts as of that kind.
+    bool family = false;
+    // Recorded whole as a step larger than every planned kind of its structure (past kOwnPlans
+    // kinds): planned at the end of this one record, so that the steps of its size and below
+    // have a plan.
+    bool plan_at_once = false;
   };
-  // `first_op`: identity hash of the step's first op (Recorder::identity_hash). Cost: predict's,
-  // plus one pass over the kinds (at most kMaxKinds + 1).
-  Choice next(uint64_t first_op) const;
+  // Cost: predict's, plus one pass over the kinds (at most kMaxKindsAll + 1).
+  Choice next(const FirstOp& first) const;
 
   // The step chosen as `c` ended, and ran op sequence `signature` from first op `first_op`;
   // `diverged`: its replay left the plan's profile. True when that kind has no plan and is due
   // one: it has been recorded whole `warmup` times, or it is the last of the run's first
   // `warmup` steps (the warm-up: a script's first step often runs setup ops the later ones do
   // not). The caller plans it and calls set_plan.
-  bool finish(const Choice& c, uint64_t signature, uint64_t first_op, bool diverged);
+  bool finish(const Choice& c, uint64_t signature, const FirstOp& first, bool diverged);
   void set_plan(uint64_t kind, int plan);
 
   // Why to stop planning and run plain from here on; nullopt while the steps settle.
@@ -84,7 +107,11 @@ class StepKinds {
     int profiled = 0;  // whole records so far
     int plan = -1;
     uint64_t first_op = 0;  // identity hash of its first op
+    uint64_t first_structure = 0;
+    int64_t first_numel = 0;
   };
+  // Kinds of distinct first-op structures (a kind with none counts alone).
+  size_t families() const;
   int warmup_;
   std::deque<uint64_t> history_;
   std::deque<char> missed_;  // per step of the last kMissWindow: a replay guessed wrong

@@ -134,6 +134,8 @@ class GPT2(nn.Module):
                 with torch.no_grad():
                     self.shift.mul_(0.5).add_(mean)
         blocks = self.blocks[:-1] if getattr(self, "skip_last_block", False) else self.blocks
+        if getattr(self, "depth", None):
+            blocks = self.blocks[: self.depth]
         for blk in blocks:
             x = blk(x)
         if shift == "late":  # at the end of the forward, after the blocks' values were evicted

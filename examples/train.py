@@ -67,6 +67,9 @@ def parse():
     p.add_argument("--seq-random", default="",
                    help="GPT-2: comma-separated sequence lengths, one drawn per forward/backward from a "
                         "fixed pseudo-random sequence (buckets in random order)")
+    p.add_argument("--depth-random", action="store_true",
+                   help="GPT-2: each step runs a pseudo-random number of its blocks (LayerDrop-like: "
+                        "steps alike at their start, of different op sequences)")
     p.add_argument("--pos-first", action="store_true",
                    help="GPT-2: the position table sliced before the token embedding, so that the "
                         "step's first op reads a fixed-shape parameter whatever the length")
@@ -80,6 +83,9 @@ def parse():
     p.add_argument("--optimizer-in-backward", action="store_true",
                    help="one Adam per parameter, stepped from its post-accumulate-grad hook (PyTorch's "
                         "optimizer-in-backward recipe); no optimizer step after backward")
+    p.add_argument("--release-params", action="store_true",
+                   help="MLP: the first layer's weight storage released after its forward and "
+                        "restored just before its backward, as FSDP2 reshards a block's parameters")
     p.add_argument("--detached-side", action="store_true",
                    help="MLP: a side branch reads the first layer's weight without grad")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
@@ -193,6 +199,27 @@ class Loader(torch.utils.data.Dataset):
         return models.make_batch(self.name, i, batch=self.args.batch, seq_len=seq)
 
 
+def release_after_forward(w, module):
+    """FSDP2's resharding, by hand: after `module`'s forward the storage of its parameter `w` is
+    freed (resized to 0), and filled again (the same values, the version kept) when the gradient
+    of the module's output arrives, just before its own backward."""
+    kept = {}
+
+    def restore(grad):
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(w):
+            w.untyped_storage().resize_(kept["w"].numel() * kept["w"].element_size())
+            w.copy_(kept.pop("w"))
+
+    def release(mod, inputs, out):
+        if not torch.is_grad_enabled():
+            return
+        kept["w"] = w.detach().clone()
+        w.untyped_storage().resize_(0)
+        out.register_hook(restore)
+
+    module.register_forward_hook(release)
+
+
 def main():
     args = parse()
     if args.distributed:
@@ -223,8 +250,10 @@ def main():
         for blk in inner.blocks:
             blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    inner.shared_layer = args.shared_layer
-    inner.pos_first = args.pos_first  # read by the module's forward, not by a DDP wrapper
+    inner.shared_layer = args.shared_layer  # read by the module's forward, not by a DDP wrapper
+    inner.pos_first = args.pos_first
+    if args.release_params:
+        release_after_forward(inner.net[0].weight, inner.net[0])
     if args.optimizer_in_backward:
         # Each parameter is updated as soon as its gradient is complete, in backward: the
         # parameters change while the step still runs (its gradients stay, for the dump).
@@ -251,6 +280,8 @@ def main():
         current["step"] = step
         if args.skip_block_at >= 0:
             inner.skip_last_block = step >= args.skip_block_at
+        if args.depth_random:
+            inner.depth = random.Random(2000 + step).randrange(1, len(inner.blocks) + 1)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for micro in range(args.accum):

@@ -19,15 +19,20 @@ class OpSequence {
 
   enum class Match {
     Same,   // the profile's op at this position
-    Drift,  // the same op with other sizes, after an op whose output shape follows from data
+    Drift,  // the same op with other sizes, after an op whose output shape follows from data (or
+            // anywhere, with any_size)
     Other,  // another op, or another shape: the step left this sequence
   };
   // Op `op` of a step, by its identity and structure hashes (Recorder::op_hash /
-  // op_structure_hash). Cost: two compares.
-  Match match(int64_t op, uint64_t hash, uint64_t structure) const {
+  // op_structure_hash). `any_size`: the step is known to run these ops at other sizes (a longer
+  // or shorter sequence replaying the plan of its family, StepKinds::Choice::family), so the
+  // structure is enough everywhere. Cost: two compares.
+  Match match(int64_t op, uint64_t hash, uint64_t structure, bool any_size = false) const {
     if (op < 0 || static_cast<size_t>(op) >= hashes_.size()) return Match::Other;
     if (hash == hashes_[op]) return Match::Same;
-    if (structure == structures_[op] && first_data_dependent_ >= 0 && op > first_data_dependent_) return Match::Drift;
+    if (structure == structures_[op] && (any_size || (first_data_dependent_ >= 0 && op > first_data_dependent_))) {
+      return Match::Drift;
+    }
     return Match::Other;
   }
   size_t size() const { return hashes_.size(); }

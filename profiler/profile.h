@@ -77,7 +77,8 @@ struct Value {
                                     // storage was gone. -1: alive through the forward
   bool written = false;             // an input or parameter written in place during the step,
                                     // forward or backward (a buffer a backward hook updates, a
-                                    // parameter an optimizer step in backward updates)
+                                    // parameter an optimizer step in backward updates), or whose
+                                    // storage was released (FSDP2 frees unsharded parameters)
   int64_t written_before_node = -1; // written: the first backward node that began after the
                                     // write was seen (backward.size(): after the last one began).
                                     // A re-run before that node reads it as captured; one from

@@ -71,7 +71,11 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
       input_watch_.push_back(id);
     }
     const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
-    if (vc.enabled()) input_versions_.push_back({id, vc, vc.current_version(), false, v.kind == ValueKind::Parameter});
+    if (vc.enabled()) {
+      input_versions_.push_back({id, vc, vc.current_version(), false, v.kind == ValueKind::Parameter,
+                                 c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()),
+                                 v.bytes});
+    }
   }
   slots_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
   index_[s] = id;
@@ -377,11 +381,20 @@ void Recorder::node_end(const at::RecordFunction& fn) {
 
 // An input or parameter written in place since first seen (a buffer a backward hook updates, a
 // parameter an optimizer step in a post-accumulate-grad hook updates) is marked written, before
-// node `before_node`: a re-run from that node on would read the new contents. Full records only.
-// Cost: one version load per input and parameter of the step (~100-200 for GPT-2), per node.
+// node `before_node`: a re-run from that node on would read the new contents. So is one whose
+// storage was released (resized below its size when first seen): FSDP2 frees a block's
+// unsharded parameters after its forward and gathers them again only for its own backward, so a
+// re-run in another block's backward found an empty storage ("out of bounds for storage of size
+// 0") and the rank died; it is copied when captured instead, and the simulator counts the copy.
+// Full records only. Cost: one version load and one weak-pointer lock per input and parameter of
+// the step (~100-200 for GPT-2), per node.
 void Recorder::check_written(int64_t before_node) {
   for (InputVersion& iv : input_versions_) {
-    if (iv.written || iv.counter.current_version() == iv.version) continue;
+    if (iv.written) continue;
+    if (iv.counter.current_version() == iv.version) {
+      const c10::intrusive_ptr<c10::StorageImpl> s = iv.storage.lock();
+      if (!s || static_cast<int64_t>(s->nbytes()) >= iv.bytes) continue;
+    }
     iv.written = true;
     Value& v = profile_.values[iv.value];
     v.written = true;

@@ -304,6 +304,41 @@ def test_a_parameter_updated_in_backward_before_a_re_run_reads_it_is_copied_firs
     assert abs(error) <= TOLERANCE, (error, p.stderr)
 
 
+def test_a_parameter_released_after_the_forward_is_copied_for_a_re_run_before_its_restore(runner, plain_runs):
+    # FSDP2 frees a block's unsharded parameters after its forward (the storage resized to 0) and
+    # gathers them again just before that block's backward, keeping their version. A re-run
+    # before then, of an op reading such a parameter, read an empty storage ("out of bounds for
+    # storage of size 0"): the planned recompute failed, so did the rebuild at unpack, and the
+    # rank died (test_fsdp2_two_ranks, now and then, with a plan made from a slower profile).
+    # Here by hand: the MLP's first weight is released after its layer's forward and restored
+    # when its output's gradient arrives; the plan (forced) rebuilds the first ReLU's output, by
+    # re-running the first layer, before the ReLU's backward, so before the restore. The profile
+    # sees the released storage at the backward's first node, and the replay copies the weight
+    # when the recipe captures it.
+    extra = ["--release-params"]
+    replay(runner, "mlp", "min", extra, env={"MEMPLAN_PLAN_CACHE": "cache"})
+    prof = json.loads((runner.tmp / "memplan-profile.json").read_text())
+    assert prof["forward"][0]["name"] == "aten::linear"
+    weight = prof["forward"][0]["inputs"][1]["value"]
+    assert prof["values"][weight]["kind"] == "parameter" and prof["values"][weight]["written"]
+    assert prof["values"][weight]["written_before_node"] == 0
+    relu = next(i for i, op in enumerate(prof["forward"]) if op["name"] == "aten::relu")
+    v = prof["forward"][relu]["outputs"][0]["value"]
+    first_use = min(prof["values"][v]["unpacked_by"])
+    (cached,) = (runner.tmp / "cache").glob("plan-*.json")
+    plan = json.loads(cached.read_text())
+    plan.update(evictions=[{"value": v, "after_fwd": max(prof["values"][v]["consumers"])}],
+                recomputes=[{"before_bwd": first_use, "ops": [0, relu], "keep": [v]}],
+                holds=[], releases=[], compactions=[])
+    (runner.tmp / "early.json").write_text(json.dumps(plan))
+    p, report = identical_replay(runner, plain_runs, "mlp", "min", extra, env={"MEMPLAN_PLAN": "early.json"})
+    assert "planned recompute failed" not in p.stderr and "could not" not in p.stderr
+    assert report["replay"]
+    for r in report["replay"]:
+        assert r["evicted"] == r["rebuilt"] and r["evicted"] >= r["steps"] and r["on_demand"] == 0, r
+        assert r["snapshots"] == r["steps"], r  # the weight, once a step
+
+
 def test_alternating_kinds_of_step_each_replay_their_own_plan(runner, plain_runs):
     # Two forward/backward passes per optimizer step, of different sequence lengths: two kinds of
     # step that alternate (as a GAN's discriminator and generator steps, or two losses with a
@@ -355,15 +390,44 @@ def test_alternating_kinds_above_the_peak_take_no_action(runner, plain_runs):
     assert report["phase"] == "done" and report["replay"] == [] and len(report["plans"]) == 2
 
 
+def test_a_new_sequence_length_every_step_replays_the_plan_of_a_longer_one(runner, plain_runs):
+    # A new sequence length every step (as padding each batch to its longest sequence does). The
+    # first four kinds are profiled as usual; from then on a length longer than every planned one
+    # is profiled and planned at once, and any other length with no plan of its own replays the
+    # plan of the shortest longer length of the same ops (matched by structure, mapped by
+    # position, rebuilt from its own calls), under that plan's budget. This used to make a new
+    # kind every step and give up after nine: "memplan stops planning and runs plain PyTorch".
+    extra = ["--steps", "24", "--seq-cycle", "8,12,16,20,24,28,32,36,40,44"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    assert "memplan stops planning" not in p.stderr
+    assert p.stderr.count("replays the plan of the smallest larger step of the same ops") == 1
+    kinds = report["step_kinds"]
+    assert kinds["misses"] == 0, kinds
+    # 8 and 12 in the warm-up (12 planned), 16 and 20 recorded once each, 24-44 planned at once.
+    assert len(report["plans"]) == 7, kinds
+    family = sum(r["family_steps"] for r in report["replay"])
+    assert family >= 6, [r["family_steps"] for r in report["replay"]]
+    for plan, r in zip(report["plans"], report["replay"]):
+        assert r["divergences"] == 0 and r["on_demand"] == 0, r
+        assert len(r["family_peak_bytes"]) == r["family_steps"]
+        base = plan["baseline_bytes"]
+        own = [pk - b + base for pk, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
+        smaller = [pk - b + base for pk, b in zip(r["family_peak_bytes"], r["family_baseline_bytes"])]
+        assert own, r  # each plan's own length came again
+        assert abs(max(own) / plan["predicted_peak_bytes"] - 1) <= TOLERANCE
+        # A shorter length replaying a longer one's plan peaks below that longer one.
+        assert all(pk <= max(own) for pk in smaller), (smaller, own)
+
+
 def test_a_step_that_keeps_changing_falls_back_to_plain_pytorch(runner, plain_runs):
-    # A new sequence length every step: more kinds of step than are worth planning. One message,
-    # then plain PyTorch (the op callbacks removed), every result unchanged.
-    extra = ["--seq-cycle", "8,12,16,20,24,28,32,36,40,44"]
+    # A new sequence length every step, and a random number of blocks (LayerDrop-like): steps
+    # alike at their start that run other ops each time, in no pattern. One message, then plain
+    # PyTorch (the op callbacks removed), every result unchanged.
+    extra = ["--steps", "24", "--seq-cycle", "8,12,16,20,24,28,32,36,40,44", "--depth-random"]
     p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
     assert p.stderr.count("memplan stops planning and runs plain PyTorch from here") == 1
-    assert "9 different op sequences" in p.stderr
+    assert "ran other ops than predicted" in p.stderr
     assert report["phase"] == "done"
-    assert p.stderr.count("planning took") <= 1
 
 
 @pytest.mark.parametrize("when", ["early", "late", "data", "backward"])

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace memplan {
@@ -217,6 +218,80 @@ TEST(StepKinds, AKindWithoutAPlanIsNoOtherCandidate) {
   k.finish(k.next(alike(B)), B, alike(B), true);  // B seen once, diverging from A's plan
   const StepKinds::Choice c = k.next(alike(A));
   EXPECT_TRUE(c.others.empty());
+}
+
+TEST(StepKinds, ANewLengthEveryStepReplaysThePlanOfALongerOne) {
+  // Padding to each batch's longest sequence: a new length (kind) nearly every step, all of the
+  // same ops. Past kOwnPlans kinds, a length with no plan of its own replays the plan of the
+  // shortest planned length at least as long (f); a longer one is profiled and planned at once.
+  StepKinds k(2);
+  const std::vector<int64_t> cycle = {8, 12, 16, 20, 24, 28, 32, 36, 40, 44};
+  std::string got;
+  int plans = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (int64_t len : cycle) {
+      const StepKinds::FirstOp first(1000 + len, 77, len);
+      const uint64_t actual = 500 + len;  // its op sequence
+      const StepKinds::Choice c = k.next(first);
+      if (c.family) {
+        ASSERT_GT(c.kind, static_cast<uint64_t>(500 + len));  // a longer length's plan
+        ASSERT_FALSE(c.plan_at_once);
+      }
+      got += c.profile ? 'p' : c.family ? 'f' : (c.kind == actual ? 'r' : 'x');
+      // The agent counts a family's step that ran the same ops as the kind it replayed.
+      const uint64_t signature = c.family ? c.kind : actual;
+      if (k.finish(c, signature, first, false)) k.set_plan(signature, plans++);
+    }
+  }
+  // 8, 12: the warm-up (12 planned); 16 and 20 recorded once (kinds 3 and 4); 24-44, past
+  // kOwnPlans kinds and longer than every planned one, planned at once. Then 8 replays 12's plan
+  // and 16 and 20 replay 24's.
+  EXPECT_EQ(got, "pppppppppp" "frffrrrrrr" "frffrrrrrr");
+  EXPECT_EQ(plans, 7);
+  EXPECT_EQ(k.misses(), 0);
+  EXPECT_FALSE(k.give_up().has_value());
+}
+
+TEST(StepKinds, FamiliesAreChosenByStructureAndSize) {
+  StepKinds k(1);
+  int plans = 0;
+  // Four kinds of two structures, each planned after one record (warm-up 1).
+  for (auto [id, st, n] : std::vector<std::tuple<uint64_t, uint64_t, int64_t>>{
+           {1, 70, 100}, {2, 70, 300}, {3, 80, 200}, {4, 70, 200}}) {
+    const StepKinds::Choice c = k.next({id, st, n});
+    ASSERT_TRUE(c.profile);
+    if (k.finish(c, 100 + id, {id, st, n}, false)) k.set_plan(100 + id, plans++);
+  }
+  ASSERT_EQ(plans, 4);
+  StepKinds::Choice c = k.next({9, 70, 150});  // the smallest planned kind of structure 70 with >= 150
+  EXPECT_TRUE(c.family);
+  EXPECT_EQ(c.kind, 104u);
+  c = k.next({9, 70, 200});  // as large as kind 4: its plan
+  EXPECT_EQ(c.kind, 104u);
+  c = k.next({9, 80, 150});  // the other structure
+  EXPECT_TRUE(c.family);
+  EXPECT_EQ(c.kind, 103u);
+  c = k.next({9, 70, 301});  // longer than every planned one: recorded, planned at once
+  EXPECT_TRUE(c.profile);
+  EXPECT_FALSE(c.family);
+  EXPECT_TRUE(c.plan_at_once);
+  c = k.next({9, 0, 150});  // no structure known: no family
+  EXPECT_TRUE(c.profile);
+  EXPECT_FALSE(c.family);
+  c = k.next({2, 70, 300});  // a kind's own first op: its own plan
+  EXPECT_FALSE(c.family);
+  EXPECT_EQ(c.kind, 102u);
+}
+
+TEST(StepKinds, NoFamiliesBeforeOwnPlansKinds) {
+  StepKinds k(1);
+  const StepKinds::Choice a = k.next({1, 70, 300});
+  ASSERT_TRUE(k.finish(a, 101, {1, 70, 300}, false));
+  k.set_plan(101, 0);
+  const StepKinds::Choice c = k.next({2, 70, 100});  // smaller, same structure; only one kind yet
+  EXPECT_TRUE(c.profile);
+  EXPECT_FALSE(c.family);
+  EXPECT_FALSE(c.plan_at_once);
 }
 
 TEST(StepKinds, GivesUpOnAStepThatChangesEveryTime) {
