@@ -117,6 +117,13 @@ bool reads_cuda(const at::RecordFunction& fn) {
 bool reads_grad(const at::RecordFunction& fn) {
   return any_input(fn, [](const at::Tensor& t) { return t.requires_grad(); });
 }
+
+// An op's input elements, as OpSequence::numel counts them from a profile.
+int64_t input_numel(const at::RecordFunction& fn) {
+  int64_t n = 0;
+  for (const c10::IValue& iv : fn.inputs()) for_each_tensor(iv, [&](const at::Tensor& t) { n += t.numel(); });
+  return n;
+}
 }  // namespace
 
 Agent& Agent::get() {
@@ -190,6 +197,8 @@ void Agent::op_start(const at::RecordFunction& fn) {
   recorder_.op_start(fn);
   const int64_t op = recorder_.current_op();
   if (!choice_.profile && op >= 0) {
+    // Its size, while the step's kind is undecided (narrow_kinds): the inputs are gone at the end.
+    if (!undecided_.empty()) op_numel_ = input_numel(fn);
     bool wants_packs = false;
     each_replayer([&](Replayer& r) {
       r.op_start(fn, op, recorder_.current_random());
@@ -244,14 +253,17 @@ void Agent::op_end(const at::RecordFunction& fn) {
   if (choice_.profile) nvtx::range_pop();
 }
 
-// Kinds of step that start with the same op (a model that first slices its position table, the
-// same for every sequence length) are told apart by the first op where their sequences differ:
-// until then every candidate's replayer follows the step (recipes, packs), none acts. At op
-// `op`'s end (before any candidate acts at it), the candidates whose profile ran another op here
-// are ruled out; the step is decided when one is left, or when one of them would act at this op
-// (then the prediction's order decides among the rest). With none left, the predicted kind goes
-// on and diverges, as before. Cost: one OpSequence::match per candidate per op, only until the
-// step is decided (a few ops).
+// Kinds of step that start with the same op (a model that first slices its position table, or a
+// step whose window opens at the last one's `loss.detach()`: the same for every sequence length)
+// are told apart by the first op where their sequences differ: until then every candidate's
+// replayer follows the step (recipes, packs), none acts. At op `op`'s end (before any candidate
+// acts at it), the candidates whose profile ran another op here are ruled out; the step is
+// decided when one is left, or when one of them would act at this op (then the prediction's
+// order decides among the rest). With none left: past StepKinds::kOwnPlans kinds, a candidate
+// that ran this op with at least as many elements (the smallest such) covers the step, which
+// replays its plan matched by structure from here (as StepKinds::Choice::family); else the
+// predicted kind goes on and diverges, as before. Cost: one OpSequence::match per candidate per
+// op, only until the step is decided (a few ops).
 void Agent::narrow_kinds(int64_t op, uint64_t hash, uint64_t structure) {
   std::vector<int> left;
   bool acts = false;
@@ -262,12 +274,46 @@ void Agent::narrow_kinds(int64_t op, uint64_t hash, uint64_t structure) {
     acts = acts || (rec.replayer && rec.replayer->first_action_op() >= 0 && rec.replayer->first_action_op() <= op);
   }
   if (left.empty()) {
-    decide_kind(undecided_.front());
+    // Past kOwnPlans kinds: the smallest candidate at least as large here covers the step; with
+    // none, the largest one is the best there is (the step may pass its budget: the next step is
+    // recorded whole and planned, as a larger step whose first op tells its size would be).
+    int cover = -1, largest = -1;
+    if (kinds_.kinds() >= StepKinds::kOwnPlans) {
+      for (int plan : undecided_) {
+        const OpSequence& ops = plans_[static_cast<size_t>(plan)].ops;
+        if (ops.match(op, hash, structure, /*any_size=*/true) == OpSequence::Match::Other) continue;
+        const int64_t n = ops.numel(op);
+        if (n >= op_numel_ && (cover < 0 || n < plans_[static_cast<size_t>(cover)].ops.numel(op))) cover = plan;
+        if (largest < 0 || n > plans_[static_cast<size_t>(largest)].ops.numel(op)) largest = plan;
+      }
+    }
+    if (cover < 0 && largest >= 0) {
+      cover = largest;
+      profile_next_ = true;
+      log_once("family-larger", LogLevel::Info,
+               "a step larger than every planned step of the same ops, and told apart from them only after its "
+               "first op, replays the largest plan (its peak may pass that plan's budget); the next step is "
+               "recorded whole and planned");
+    }
+    decide_kind(cover >= 0 ? cover : undecided_.front());
+    if (cover >= 0) {
+      choice_.family = true;
+      if (replayer_) replayer_->set_any_size();
+      log_family();
+    }
   } else if (left.size() == 1 || acts) {
     decide_kind(left.front());
   } else {
     undecided_ = std::move(left);
   }
+}
+
+void Agent::log_family() {
+  log_once("family", LogLevel::Info,
+           fmt::format("a step of a size with no plan of its own (another sequence length or batch size, with {} "
+                       "or more kinds of step seen) replays the plan of the smallest larger step of the same ops; "
+                       "steps larger than every planned one are profiled and planned",
+                       StepKinds::kOwnPlans));
 }
 
 // The running step replays plans_[plan]: the other candidates drop what they recorded of it.
@@ -472,9 +518,7 @@ namespace {
 StepKinds::FirstOp first_op_of(const at::RecordFunction& fn) {
   StepKinds::FirstOp f;
   f.identity = Recorder::identity_hash(fn, &f.structure);
-  for (const c10::IValue& iv : fn.inputs()) {
-    if (iv.isTensor() && iv.toTensor().defined()) f.numel += iv.toTensor().numel();
-  }
+  f.numel = input_numel(fn);
   return f;
 }
 }  // namespace
@@ -484,16 +528,23 @@ StepKinds::FirstOp first_op_of(const at::RecordFunction& fn) {
 void Agent::begin_step(const at::RecordFunction& first) {
   first_op_ = first_op_of(first);
   choice_ = planning_ ? kinds_.next(first_op_) : StepKinds::Choice{};
-  if (choice_.family) {
-    log_once("family", LogLevel::Info,
-             fmt::format("a step of a size with no plan of its own (another sequence length or batch size, with "
-                         "{} or more kinds of step seen) replays the plan of the smallest larger step of the same "
-                         "ops; steps larger than every planned one are profiled and planned at once",
-                         StepKinds::kOwnPlans));
+  if (profile_next_ && planning_ && !choice_.profile) {
+    // The last step was larger than every planned one (narrow_kinds): record this one whole and
+    // plan it at once; it is likely of that size, and if not, its own size gets a plan.
+    choice_ = StepKinds::Choice{};
+    choice_.plan_at_once = true;
   }
+  if (log_enabled(LogLevel::Debug)) {
+    debug("step {}: first op {:016x}, {} kind {:016x}{}{}, {} other candidate(s)", steps_, first_op_.identity,
+          choice_.profile ? "record" : "replay", choice_.kind, choice_.family ? " (its family's plan)" : "",
+          choice_.plan_at_once ? " (plan at once)" : "", choice_.others.size());
+  }
+  if (choice_.family) log_family();
   replayer_ = choice_.profile ? nullptr : plans_[static_cast<size_t>(choice_.plan)].replayer.get();
   undecided_.clear();
-  if (!choice_.profile && !choice_.others.empty()) {
+  // Followed op by op while other kinds may still be it, or, past kOwnPlans kinds, while a longer
+  // or shorter step of the same ops may turn out to be it (narrow_kinds).
+  if (!choice_.profile && !choice_.family && (!choice_.others.empty() || kinds_.kinds() >= StepKinds::kOwnPlans)) {
     undecided_.push_back(choice_.plan);
     undecided_.insert(undecided_.end(), choice_.others.begin(), choice_.others.end());
   }
@@ -562,6 +613,7 @@ void Agent::end_step(Profile p) {
           diverged ? ", diverged" : "");
   }
   const bool plan_now = kinds_.finish(choice_, p.signature, first_op_, diverged);
+  if (choice_.profile) profile_next_ = false;  // (begin_step may run more than once per step)
   if (choice_.profile) {
     profiles_.push_back(std::move(p));
     outputs_written_ = false;

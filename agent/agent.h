@@ -97,6 +97,7 @@ class Agent final : public OpSink {
   void plan_kind(const Profile& p);
   void narrow_kinds(int64_t op, uint64_t hash, uint64_t structure);
   void decide_kind(int plan);
+  void log_family();
   // Calls f on the running step's replayer, or while its kind is undecided on each candidate's.
   template <typename F>
   void each_replayer(F f) {
@@ -143,6 +144,8 @@ class Agent final : public OpSink {
   // While the running step's kind is undecided (narrow_kinds): the plans it may still replay,
   // the predicted one (choice_.plan) first; else empty.
   std::vector<int> undecided_;
+  int64_t op_numel_ = 0;  // the running op's input elements, while the kind is undecided
+  bool profile_next_ = false;  // record the next step whole (narrow_kinds found no plan large enough)
   bool replay_range_ = false;      // the "memplan/replay" NVTX range is open
   std::chrono::steady_clock::time_point last_backward_end_;
   std::vector<double> iteration_us_[2];  // iterations that recorded, ran plainly (replayed: per plan)

@@ -73,6 +73,12 @@ class Replayer {
   // family). Its ops are matched by structure, its values mapped by position, as after a
   // data-dependent shape; every rebuild still re-runs the step's own calls.
   void begin_step(bool any_size = false);
+  // From here the step runs the profile's ops at other sizes (Agent::narrow_kinds found it a
+  // longer or shorter step of them, before the plan's first action): as begin_step(true).
+  void set_any_size() {
+    if (!any_size_) ++stats_.family_steps;
+    any_size_ = true;
+  }
   // This step is another kind's after all (Agent::narrow_kinds): drop what it recorded of it.
   // Only before first_action_op()'s end, so nothing was evicted, held or hooked.
   void abandon_step() {

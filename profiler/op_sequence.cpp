@@ -14,6 +14,13 @@ OpSequence::OpSequence(const std::vector<Op>& forward) {
     }
     hashes_.push_back(identity_of(op));
     structures_.push_back(structure_of(op));
+    int64_t n = 0;
+    for (const TensorRef& t : op.inputs) {
+      int64_t e = 1;
+      for (int64_t d : t.shape) e *= d;
+      n += e;
+    }
+    numels_.push_back(n);
   }
 }
 

@@ -36,6 +36,11 @@ class OpSequence {
     return Match::Other;
   }
   size_t size() const { return hashes_.size(); }
+  // Op `op`'s input elements (all its tensor inputs), or -1 past the end: how large a step of
+  // the same structure is, where its ops first differ (Agent::narrow_kinds).
+  int64_t numel(int64_t op) const {
+    return op >= 0 && static_cast<size_t>(op) < numels_.size() ? numels_[op] : -1;
+  }
   // The first op whose output shape follows from data (data_dependent_shape), or -1.
   int64_t first_data_dependent() const { return first_data_dependent_; }
   const std::string& first_data_dependent_name() const { return first_data_dependent_name_; }
@@ -43,6 +48,7 @@ class OpSequence {
  private:
   std::vector<uint64_t> hashes_;      // per op: identity_of
   std::vector<uint64_t> structures_;  // per op: structure_of
+  std::vector<int64_t> numels_;       // per op: input elements
   int64_t first_data_dependent_ = -1;
   std::string first_data_dependent_name_;
 };

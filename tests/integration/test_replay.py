@@ -419,6 +419,24 @@ def test_a_new_sequence_length_every_step_replays_the_plan_of_a_longer_one(runne
         assert all(pk <= max(own) for pk in smaller), (smaller, own)
 
 
+def test_a_new_length_told_apart_only_after_the_first_op_replays_a_longer_plan(runner, plain_runs):
+    # The same lengths, but the model slices its position table first, so every step starts with
+    # the same op (as a step whose window opens at the last step's `loss.detach()` does). The
+    # length shows at the second op: there a step with no plan of its own takes the plan of the
+    # shortest longer planned length (matched by structure from there on); one longer than every
+    # planned length replays the longest plan (its peak may pass that budget), and the next step
+    # is recorded whole and planned. This used to miss at every new length and give up.
+    extra = ["--steps", "24", "--seq-cycle", "8,12,16,20,24,28,32,36,40,44", "--pos-first"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    assert "memplan stops planning" not in p.stderr
+    kinds = report["step_kinds"]
+    assert kinds["misses"] <= 1, kinds  # a new length before kOwnPlans kinds: a divergence
+    assert sum(r["family_steps"] for r in report["replay"]) >= 6
+    assert len(report["plans"]) >= 5
+    for r in report["replay"]:
+        assert r["on_demand"] == 0 and len(r["family_peak_bytes"]) == r["family_steps"], r
+
+
 def test_a_step_that_keeps_changing_falls_back_to_plain_pytorch(runner, plain_runs):
     # A new sequence length every step, and a random number of blocks (LayerDrop-like): steps
     # alike at their start that run other ops each time, in no pattern. One message, then plain
