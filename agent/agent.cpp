@@ -261,9 +261,10 @@ void Agent::op_end(const at::RecordFunction& fn) {
 // decided when one is left, or when one of them would act at this op (then the prediction's
 // order decides among the rest). With none left: past StepKinds::kOwnPlans kinds, a candidate
 // that ran this op with at least as many elements (the smallest such) covers the step, which
-// replays its plan matched by structure from here (as StepKinds::Choice::family); else the
-// predicted kind goes on and diverges, as before. Cost: one OpSequence::match per candidate per
-// op, only until the step is decided (a few ops).
+// replays its plan matched by structure from here (as StepKinds::Choice::family); with none that
+// large, the largest one does, and the next step is recorded whole; with no candidate of the
+// same structure, the predicted kind goes on and diverges, as before. Cost: one
+// OpSequence::match per candidate per op, only until the step is decided (a few ops).
 void Agent::narrow_kinds(int64_t op, uint64_t hash, uint64_t structure) {
   std::vector<int> left;
   bool acts = false;
@@ -940,7 +941,7 @@ std::string Agent::replay_summary(const PlanRecord& rec, const std::string& titl
     for (size_t i = 0; i < st.family_peak.size(); ++i) {
       worst = std::max(worst, st.family_peak[i] - st.family_baseline[i] + p.baseline);
     }
-    line(fmt::format("and {} step(s) of the same ops at smaller sizes, with no plan of their own: measured peak "
+    line(fmt::format("and {} step(s) of the same ops at other sizes, with no plan of their own: measured peak "
                      "at most {} (on the profile's baseline; {:.0f}% of this plan's activations)",
                      st.family_peak.size(), format_bytes(worst), pct(worst)));
   }
