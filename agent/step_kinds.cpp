@@ -71,16 +71,15 @@ StepKinds::Choice StepKinds::next(const FirstOp& first) const {
   }
   // No planned kind predicted for this op. Past kOwnPlans kinds, the plan of the smallest planned
   // kind of the same structure that is at least as large (fewest elements, then the earliest).
-  // Not one that starts with this very op: its size there says nothing of this step's (a step
-  // whose first op does not see the length, told apart later by Agent::narrow_kinds).
+  // Not when a planned kind starts with this very op: then the first op does not show the
+  // step's size (the predicted kind, unplanned, was seen diverging from those: recorded whole).
   if (kinds_.size() < kOwnPlans || first.structure == 0) return c;
   const std::pair<const uint64_t, Kind>* cover = nullptr;
+  bool alike = false;
+  for (const auto& e : kinds_) alike = alike || (e.second.plan >= 0 && e.second.first_op == first.identity);
   for (const auto& e : kinds_) {
     const Kind& k = e.second;
-    if (k.plan < 0 || k.first_structure != first.structure || k.first_numel < first.numel ||
-        k.first_op == first.identity) {
-      continue;
-    }
+    if (alike || k.plan < 0 || k.first_structure != first.structure || k.first_numel < first.numel) continue;
     if (!cover || k.first_numel < cover->second.first_numel ||
         (k.first_numel == cover->second.first_numel && k.plan < cover->second.plan)) {
       cover = &e;

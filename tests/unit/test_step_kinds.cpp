@@ -283,6 +283,30 @@ TEST(StepKinds, FamiliesAreChosenByStructureAndSize) {
   EXPECT_EQ(c.kind, 102u);
 }
 
+TEST(StepKinds, NoFamilyByAFirstOpThatAPlannedKindStartsWith) {
+  // Its size at the first op says nothing of the step's when a planned kind starts with the
+  // same op (the length shows later): an unplanned kind predicted there is recorded whole and
+  // planned, not replayed with the plan of a kind whose first op has more elements.
+  StepKinds k(1);
+  int plans = 0;
+  for (auto [id, n, sig] : std::vector<std::tuple<uint64_t, int64_t, uint64_t>>{
+           {1, 100, 101}, {2, 300, 102}, {3, 200, 103}}) {
+    const StepKinds::Choice c = k.next({id, 70, n});
+    ASSERT_TRUE(c.profile);
+    if (k.finish(c, sig, {id, 70, n}, false)) k.set_plan(sig, plans++);
+  }
+  ASSERT_EQ(plans, 3);
+  const StepKinds::Choice a = k.next({1, 70, 100});  // kind 101's own plan, which this step leaves
+  ASSERT_FALSE(a.profile);
+  ASSERT_EQ(a.kind, 101u);
+  k.finish(a, 104, {1, 70, 100}, true);  // a fourth kind, unplanned, that starts with op 1
+  const StepKinds::Choice c = k.next({1, 70, 100});
+  ASSERT_EQ(c.kind, 104u);  // the latest kind of those that start so
+  EXPECT_TRUE(c.profile);
+  EXPECT_FALSE(c.family);  // not kind 102's plan, although its first op has more elements
+  EXPECT_TRUE(c.plan_at_once);
+}
+
 TEST(StepKinds, NoFamiliesBeforeOwnPlansKinds) {
   StepKinds k(1);
   const StepKinds::Choice a = k.next({1, 70, 300});
