@@ -614,8 +614,8 @@ void Agent::end_step(Profile p) {
           diverged ? ", diverged" : "");
   }
   const bool plan_now = kinds_.finish(choice_, p.signature, first_op_, diverged);
-  if (choice_.profile) profile_next_ = false;  // (begin_step may run more than once per step)
   if (choice_.profile) {
+    profile_next_ = false;  // reset here: begin_step may run more than once per step
     profiles_.push_back(std::move(p));
     outputs_written_ = false;
     if (plan_now) plan_kind(profiles_.back());

@@ -151,7 +151,7 @@ void Replayer::attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outp
 std::vector<at::Tensor>* Replayer::capture() { return tl_capture; }
 
 Replayer::Replayer(const Profile& profile, planner::Plan plan)
-    : plan_(std::move(plan)), ops_(profile.forward), first_data_dependent_(ops_.first_data_dependent()) {
+    : plan_(std::move(plan)), ops_(profile.forward) {
   const size_t n = profile.forward.size();
   for (const Op& node : profile.backward) node_names_.push_back(node.name);
   // Inputs and parameters the profiled step wrote in place (a buffer a backward hook updates, a
@@ -275,7 +275,7 @@ int64_t Replayer::planned_value(int64_t op, int64_t ordinal, const at::Tensor& t
   // evictions must still happen, or its rebuilds would only add copies (a mixture of experts at
   // 50%: +51% over the predicted peak, above the un-planned one).
   if (static_cast<int64_t>(t.storage().nbytes()) != value_bytes_[v] && !any_size_ &&
-      (first_data_dependent_ < 0 || op <= first_data_dependent_)) {
+      (ops_.first_data_dependent() < 0 || op <= ops_.first_data_dependent())) {
     return -1;
   }
   return v;
@@ -401,7 +401,7 @@ void Replayer::check_divergence(int64_t op, uint64_t hash, uint64_t structure, c
              fmt::format("a step ran the profile's ops with other sizes after an op whose output shape "
                          "depends on the data ({}, forward op {}): replayed with the same plan; its "
                          "peak varies with those sizes",
-                         ops_.first_data_dependent_name(), first_data_dependent_));
+                         ops_.first_data_dependent_name(), ops_.first_data_dependent()));
     return;
   }
   if (m == OpSequence::Match::Other) {

@@ -85,8 +85,6 @@ class Replayer {
     if (any_size_) --stats_.family_steps;
     begin_step();
   }
-  // The profile's forward ops, as identities (what check_divergence compares with).
-  const OpSequence& ops() const { return ops_; }
   // The first forward op at whose end the plan acts (evicts, compacts, holds, hooks a node), or
   // -1 for none. Up to there a step only builds recipes and state a rebuild might need.
   int64_t first_action_op() const { return first_action_op_; }
@@ -199,7 +197,6 @@ class Replayer {
   planner::Plan plan_;
   OpSequence ops_;                     // the profile's forward ops, as identities
   int64_t first_action_op_ = -1;
-  int64_t first_data_dependent_ = -1;  // the first profile op whose output shape follows from data
   std::vector<std::string> node_names_;                       // per profile backward node
   std::vector<std::vector<int64_t>> evict_after_;             // per fwd op: values to evict
   std::vector<std::vector<int64_t>> hold_from_;               // per fwd op: values to hold

@@ -45,11 +45,11 @@ std::optional<uint64_t> StepKinds::predict() const {
 std::optional<uint64_t> StepKinds::predict(uint64_t first_op) const {
   const auto starts = [&](uint64_t kind) {
     auto it = kinds_.find(kind);
-    return it != kinds_.end() && it->second.first_op == first_op;
+    return it != kinds_.end() && it->second.first.identity == first_op;
   };
   if (std::optional<uint64_t> kind = longest_context(history_, kMaxContext, starts)) return kind;
   for (const auto& [k, info] : kinds_) {  // a kind seen before the history's window
-    if (info.first_op == first_op) return k;
+    if (info.first.identity == first_op) return k;
   }
   return std::nullopt;
 }
@@ -63,7 +63,7 @@ StepKinds::Choice StepKinds::next(const FirstOp& first) const {
       c.profile = false;
       c.plan = it->second.plan;
       for (const auto& [k, info] : kinds_) {
-        if (k != *kind && info.first_op == first.identity && info.plan >= 0) c.others.push_back(info.plan);
+        if (k != *kind && info.first.identity == first.identity && info.plan >= 0) c.others.push_back(info.plan);
       }
       std::sort(c.others.begin(), c.others.end());
       return c;
@@ -75,13 +75,14 @@ StepKinds::Choice StepKinds::next(const FirstOp& first) const {
   // step's size (the predicted kind, unplanned, was seen diverging from those: recorded whole).
   if (kinds_.size() < kOwnPlans || first.structure == 0) return c;
   const std::pair<const uint64_t, Kind>* cover = nullptr;
-  bool alike = false;
-  for (const auto& e : kinds_) alike = alike || (e.second.plan >= 0 && e.second.first_op == first.identity);
+  const bool alike = std::any_of(kinds_.begin(), kinds_.end(), [&](const auto& e) {
+    return e.second.plan >= 0 && e.second.first.identity == first.identity;
+  });
   for (const auto& e : kinds_) {
     const Kind& k = e.second;
-    if (alike || k.plan < 0 || k.first_structure != first.structure || k.first_numel < first.numel) continue;
-    if (!cover || k.first_numel < cover->second.first_numel ||
-        (k.first_numel == cover->second.first_numel && k.plan < cover->second.plan)) {
+    if (alike || k.plan < 0 || k.first.structure != first.structure || k.first.numel < first.numel) continue;
+    if (!cover || k.first.numel < cover->second.first.numel ||
+        (k.first.numel == cover->second.first.numel && k.plan < cover->second.plan)) {
       cover = &e;
     }
   }
@@ -110,16 +111,10 @@ bool StepKinds::finish(const Choice& c, uint64_t signature, const FirstOp& first
     // The same ops, yet the replay left the profile (a saved tensor or a node differed): this
     // kind's plan no longer describes its steps; record it again.
     k = Kind{};
-    k.first_op = first.identity;
-    k.first_structure = first.structure;
-    k.first_numel = first.numel;
+    k.first = first;
     return false;
   }
-  if (!(c.family && signature == c.kind)) {  // (a family's step is not the kind's own first op)
-    k.first_op = first.identity;
-    k.first_structure = first.structure;
-    k.first_numel = first.numel;
-  }
+  if (!(c.family && signature == c.kind)) k.first = first;  // (a family's step is not the kind's own first op)
   if (!c.profile) return false;
   ++k.profiled;
   ++recorded_;
@@ -130,10 +125,10 @@ size_t StepKinds::families() const {
   std::vector<uint64_t> seen;
   size_t alone = 0;
   for (const auto& [kind, k] : kinds_) {
-    if (k.first_structure == 0) {
+    if (k.first.structure == 0) {
       ++alone;
-    } else if (std::find(seen.begin(), seen.end(), k.first_structure) == seen.end()) {
-      seen.push_back(k.first_structure);
+    } else if (std::find(seen.begin(), seen.end(), k.first.structure) == seen.end()) {
+      seen.push_back(k.first.structure);
     }
   }
   return alone + seen.size();

@@ -77,7 +77,7 @@ class StepKinds {
   // Cost: predict's, plus one pass over the kinds (at most kMaxKindsAll + 1).
   Choice next(const FirstOp& first) const;
 
-  // The step chosen as `c` ended, and ran op sequence `signature` from first op `first_op`;
+  // The step chosen as `c` ended, and ran op sequence `signature` from first op `first`;
   // `diverged`: its replay left the plan's profile. True when that kind has no plan and is due
   // one: it has been recorded whole `warmup` times, or it is the last of the run's first
   // `warmup` steps (the warm-up: a script's first step often runs setup ops the later ones do
@@ -106,9 +106,7 @@ class StepKinds {
   struct Kind {
     int profiled = 0;  // whole records so far
     int plan = -1;
-    uint64_t first_op = 0;  // identity hash of its first op
-    uint64_t first_structure = 0;
-    int64_t first_numel = 0;
+    FirstOp first;  // its first op
   };
   // Kinds of distinct first-op structures (a kind with none counts alone).
   size_t families() const;

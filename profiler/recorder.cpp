@@ -71,11 +71,7 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
       input_watch_.push_back(id);
     }
     const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
-    if (vc.enabled()) {
-      input_versions_.push_back({id, vc, vc.current_version(), false, v.kind == ValueKind::Parameter,
-                                 c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()),
-                                 v.bytes});
-    }
+    if (vc.enabled()) input_versions_.push_back({id, vc, vc.current_version(), false, v.kind == ValueKind::Parameter});
   }
   slots_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
   index_[s] = id;
@@ -391,9 +387,9 @@ void Recorder::node_end(const at::RecordFunction& fn) {
 void Recorder::check_written(int64_t before_node) {
   for (InputVersion& iv : input_versions_) {
     if (iv.written) continue;
-    if (iv.counter.current_version() == iv.version) {
-      const c10::intrusive_ptr<c10::StorageImpl> s = iv.storage.lock();
-      if (!s || static_cast<int64_t>(s->nbytes()) >= iv.bytes) continue;
+    if (iv.counter.current_version() == iv.version) {  // unchanged, unless its storage shrank
+      const c10::intrusive_ptr<c10::StorageImpl> s = slots_[iv.value].storage.lock();
+      if (!s || static_cast<int64_t>(s->nbytes()) >= profile_.values[iv.value].bytes) continue;
     }
     iv.written = true;
     Value& v = profile_.values[iv.value];

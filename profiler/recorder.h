@@ -148,8 +148,6 @@ class Recorder {
     uint32_t version;              // when first seen this step
     bool written = false;          // seen written (Value::written set)
     bool parameter = false;        // watched from the backward's start only
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // released if it shrinks below `bytes`
-    int64_t bytes = 0;                                  // its size when first seen
   };
   // Inputs and parameters: Value::written and written_before_node, checked at each backward
   // node's start (full records) and at the step's end. An input is watched from when it was
