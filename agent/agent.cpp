@@ -776,8 +776,20 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo
     warn("no plan ({}); running plain PyTorch", r.error);
     return std::nullopt;
   }
+  // Why less can be taken away than the user may expect (a torch.compile'd model): said once.
+  if (!unrebuildable_said_) {
+    const std::string note = planner::unrebuildable_note(pl.graph());
+    if (!note.empty()) {
+      warn("{}", note);
+      unrebuildable_said_ = true;
+    }
+  }
   // The planner's own messages speak of the aimed budget; the user's budget is reported here.
-  if (!r.plan.feasible) {
+  if (!r.plan.feasible && r.plan.min_feasible_bytes >= profile.peak_bytes) {
+    warn("budget {} is below the minimum feasible for this step, its un-planned peak {}: no plan lowers it; "
+         "it runs as it is",
+         format_bytes(r.plan.budget_bytes), format_bytes(profile.peak_bytes));
+  } else if (!r.plan.feasible) {
     warn("budget {} is below the minimum feasible {} for this step; running the minimum-memory plan",
          format_bytes(r.plan.budget_bytes), format_bytes_up(r.plan.min_feasible_bytes));
   }
@@ -910,7 +922,10 @@ std::string Agent::replay_summary(const PlanRecord& rec, const std::string& titl
   line(fmt::format("budget {} ({:.0f}% of activations); un-planned peak {}; predicted peak {} ({:.0f}%){}",
                    format_bytes(p.budget), pct(p.budget), format_bytes(p.unplanned_peak),
                    format_bytes(p.predicted_peak), pct(p.predicted_peak),
-                   p.feasible ? "" : fmt::format("; below the minimum feasible {}", format_bytes_up(p.min_feasible))));
+                   p.feasible                           ? ""
+                   : p.min_feasible >= p.unplanned_peak ? std::string("; no plan lowers the peak")
+                                                        : fmt::format("; below the minimum feasible {}",
+                                                                      format_bytes_up(p.min_feasible))));
   if (p.unplanned_time_us > 0) {
     line(fmt::format("predicted step time {:.2f} ms vs {:.2f} ms un-planned ({:+.1f}%); {} evictions, {} "
                      "recompute points; planning took {:.2f} s",

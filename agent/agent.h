@@ -139,6 +139,7 @@ class Agent final : public OpSink {
   DeviceTimer device_timer_;      // CUPTI + CUDA-event op times of CUDA warm-up steps
   bool timing_device_ = false;    // device_timer_ is timing the current step
   bool outputs_written_ = false;
+  bool unrebuildable_said_ = false;  // planner::unrebuildable_note warned (once per run)
   std::vector<PlanRecord> plans_;  // in the order they were made
   Replayer* replayer_ = nullptr;   // the running step's, while it replays a plan with actions
   // While the running step's kind is undecided (narrow_kinds): the plans it may still replay,

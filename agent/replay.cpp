@@ -23,6 +23,7 @@
 #include "planner/rerun_ops.h"
 #include "profiler/nvtx_ranges.h"
 #include "profiler/op_hash.h"
+#include "profiler/rerun_handle.h"
 #include "profiler/tensor_args.h"
 
 namespace memplan {
@@ -106,8 +107,42 @@ class PlannedNodeHook final : public torch::autograd::FunctionPreHook {
 }  // namespace
 
 // The nodes op `op` created have sequence numbers [its first, the next op's first); those that
-// backward reaches hang off its outputs' grad_fns, through next_edges within that range.
+// backward reaches hang off its outputs' grad_fns, through next_edges within that range. A Python
+// autograd.Function's RecordFunction has no outputs: its nodes are looked for once more from the
+// next op's inputs (look_again), which usually read its output; what is still missing is left to
+// on-demand rebuilds.
 void Replayer::attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outputs) {
+  std::vector<char> done(node_actions_[op].size(), 0);
+  hook_nodes(op, outputs, &done);
+  for (size_t i = 0; i < done.size(); ++i)
+    if (!done[i]) unhooked_.push_back({op, i});
+}
+
+// Cost: nothing unless the previous op left nodes unhooked; then a walk from this op's inputs.
+void Replayer::look_again(const at::RecordFunction& fn) {
+  std::vector<at::Tensor> inputs;
+  for (const c10::IValue& iv : fn.inputs()) for_each_tensor(iv, [&](const at::Tensor& t) { inputs.push_back(t); });
+  for (size_t k = 0; k < unhooked_.size();) {
+    const int64_t op = unhooked_[k].first;
+    std::vector<char> done(node_actions_[op].size(), 1);
+    size_t e = k;
+    for (; e < unhooked_.size() && unhooked_[e].first == op; ++e) done[unhooked_[e].second] = 0;
+    hook_nodes(op, inputs, &done);
+    for (size_t i = 0; i < done.size(); ++i) {
+      if (!done[i]) {
+        log_once("node-hook", LogLevel::Info,
+                 fmt::format("backward node {} ({}) of forward op {} not found in the graph: its planned "
+                             "recompute is left to on-demand rebuilds",
+                             node_actions_[op][i].node, node_actions_[op][i].name, op));
+      }
+    }
+    k = e;
+  }
+  unhooked_.clear();
+}
+
+void Replayer::hook_nodes(int64_t op, const std::vector<at::Tensor>& from, std::vector<char>* done_out) {
+  std::vector<char>& done = *done_out;
   const int64_t begin = op < static_cast<int64_t>(seq_begin_.size()) ? seq_begin_[op] : -1;
   const int64_t end = at::sequence_number::peek();
   if (begin < 0) return;
@@ -121,10 +156,9 @@ void Replayer::attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outp
     seen.push_back(n);
     work.push_back(n);
   };
-  for (const at::Tensor& t : outputs) {
+  for (const at::Tensor& t : from) {
     if (t.defined()) visit(t.grad_fn().get());
   }
-  std::vector<char> done(node_actions_[op].size(), 0);
   while (!work.empty()) {
     torch::autograd::Node* n = work.back();
     work.pop_back();
@@ -137,14 +171,6 @@ void Replayer::attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outp
       }
     }
     for (const torch::autograd::Edge& e : n->next_edges()) visit(e.function.get());
-  }
-  for (size_t i = 0; i < done.size(); ++i) {
-    if (!done[i]) {
-      log_once("node-hook", LogLevel::Info,
-               fmt::format("backward node {} ({}) of forward op {} not found in the graph: its planned recompute "
-                           "is left to on-demand rebuilds",
-                           node_actions_[op][i].node, node_actions_[op][i].name, op));
-    }
   }
 }
 
@@ -324,6 +350,7 @@ void Replayer::begin_step(bool any_size) {
   overwritten_.clear();
   snapshots_.clear();
   value_slot_.clear();
+  unhooked_.clear();
   pending_.clear();
   handles_.clear();
   holds_.clear();
@@ -446,6 +473,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
     rebuildable_op_.resize(op + 1, false);
   }
   before_write(fn);
+  if (!unhooked_.empty()) look_again(fn);
   Recipe& r = recipes_[op];
   r = Recipe();
   packs_in_op_ = 0;
@@ -455,13 +483,10 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
   // the others get no recipe (no operator lookup, no argument copies, no RNG snapshot) and are
   // not rebuildable, which only matters if the step leaves the profile (then every op is).
   if (!hold_externals(op)) return;
-  auto name = fn.operator_name();
-  if (!name) return;
-  r.op = c10::Dispatcher::singleton().findOp(*name);
-  if (!r.op || !r.op->hasSchema()) return;
+  r.op = rerun_handle(fn);  // the recorder's Op::rerunnable test: the plan re-runs no other op
+  if (!r.op) return;
   const auto& schema = r.op->schema();
   const auto inputs = fn.inputs();
-  if (inputs.size() != schema.arguments().size()) return;  // kwarg-only oddities: not rebuildable
   r.valid = true;
   r.args.resize(inputs.size());
   const std::vector<char>& written = written_args(schema);

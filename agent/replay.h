@@ -189,6 +189,9 @@ class Replayer {
   void rebuild(SavedState& s, Memo& memo);
   void evict_after(int64_t op);
   void attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outputs);
+  void look_again(const at::RecordFunction& fn);
+  // Hooks the nodes of `op`'s actions not yet `done` that hang off `from` (marks them done).
+  void hook_nodes(int64_t op, const std::vector<at::Tensor>& from, std::vector<char>* done);
   void run_recompute(int64_t node);
   void planned_recompute(int64_t node);  // run_recompute; a failure is logged, unpack rebuilds
   void run_releases(int64_t node);
@@ -220,6 +223,7 @@ class Replayer {
     std::string name;
   };
   std::vector<std::vector<NodeAction>> node_actions_;  // per fwd op: planned nodes it creates
+  std::vector<std::pair<int64_t, size_t>> unhooked_;   // (op, action) attach_node_hooks missed
   std::vector<char> via_callback_;                    // per bwd node: driven by node callbacks
   bool needs_node_callbacks_ = false;
   uint64_t generation_ = 0;  // step counter, for hooks left on a graph kept from an earlier step

@@ -21,6 +21,29 @@ def noisy(x):
     return torch.ops.memplan_examples.noisy(x)
 
 
+class TanhGelu(torch.autograd.Function):
+    """GELU (tanh approximation) as a user's own autograd.Function, as fused kernels are often
+    wrapped: one opaque op to memplan (no dispatcher operator it could call again). It saves its
+    input and an intermediate made inside it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        t = torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))
+        ctx.save_for_backward(x, t)
+        return 0.5 * x * (1 + t)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t = ctx.saved_tensors
+        dt = (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x)
+        return g * (0.5 * (1 + t) + 0.5 * x * dt)
+
+
+class CustomGelu(nn.Module):
+    def forward(self, x):
+        return TanhGelu.apply(x)
+
+
 class MLP(nn.Module):
     def __init__(self, d_in=256, hidden=1024, d_out=10, depth=4, detached_side=False):
         super().__init__()
@@ -224,7 +247,7 @@ ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 
 
 def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
-          noisy_op=False, detached_side=False):
+          noisy_op=False, detached_side=False, custom_gelu=False):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024, detached_side=detached_side)
     if name == "gpt2":
@@ -236,6 +259,8 @@ def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_dep
         m.noisy_op = noisy_op
         for blk in m.blocks:
             blk.attn.sdpa = sdpa
+            if custom_gelu:
+                blk.mlp[1] = CustomGelu()
         return m
     if name == "cnn":
         return CNN(width=8 if small else 32, hardswish=hardswish)

@@ -102,6 +102,9 @@ def parse():
                    help="with --distributed: FSDP2 (fully_shard per block and the model) instead of DDP; "
                         "parameters are all-gathered before each block's forward and backward, freed after")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
+    p.add_argument("--custom-gelu", action="store_true",
+                   help="GPT-2: GELU as the script's own torch.autograd.Function (an op memplan cannot re-run)")
     return p.parse_args()
 
 
@@ -234,7 +237,7 @@ def main():
     model = models.build(args.model, small=args.small, shift_buffer=args.shift_buffer,
                          hardswish=args.hardswish, stochastic_depth=args.stochastic_depth,
                          sdpa=args.sdpa, noisy_op=args.noisy_op,
-                         detached_side=args.detached_side).to(args.device)
+                         detached_side=args.detached_side, custom_gelu=args.custom_gelu).to(args.device)
     if args.distributed and args.fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -243,7 +246,10 @@ def main():
         fully_shard(model)
     elif args.distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
+    if args.compile:
+        model = torch.compile(model)
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
     if args.checkpoint:
         from torch.utils.checkpoint import checkpoint
 

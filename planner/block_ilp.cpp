@@ -19,6 +19,7 @@ BlockProblem make_block_problem(const Graph& g, const Block& b, int64_t out_sepa
   for (int64_t i = b.first; i <= b.last; ++i) {
     const int o = static_cast<int>(i - b.first);
     bp.time.push_back(p.forward[i].time_us);
+    bp.rerunnable.push_back(g.rerunnable[i]);
     bp.out_bytes.push_back(g.out_bytes[i]);
     bp.fwd_time += p.forward[i].time_us;
     for (const Dep& d : g.deps[i]) {
@@ -31,8 +32,10 @@ BlockProblem make_block_problem(const Graph& g, const Block& b, int64_t out_sepa
       auto it = cand_index.find(d.value);
       if (it != cand_index.end())
         bp.cond.push_back({o, s, it->second});
-      else
+      else if (!(g.stuck[d.src] && g.natural_end[d.value] >= g.n_fwd))
         bp.must.push_back({o, s});
+      // else: its maker cannot re-run, but autograd keeps it into backward: read where it is
+      // (Graph::stuck; the simulator checks it is still there)
     }
   }
   // Backward of the block: its nodes' times and how far memory grows above the level it starts at.
@@ -137,7 +140,8 @@ MilpStatus solve_block_point(const BlockProblem& bp, MilpSolver& solver, int64_t
   MilpProblem m;
   std::vector<int> e(nc), r(bp.n_ops);
   for (int c = 0; c < nc; ++c) e[c] = m.add_var(0, 0, 1, true);
-  for (int o = 0; o < bp.n_ops; ++o) r[o] = m.add_var(bp.time[o] + 1e-6, 0, 1, true);
+  for (int o = 0; o < bp.n_ops; ++o)
+    r[o] = m.add_var(bp.time[o] + 1e-6, 0, o < static_cast<int>(bp.rerunnable.size()) && !bp.rerunnable[o] ? 0 : 1, true);
   for (int c = 0; c < nc; ++c) m.add_row({{e[c], r[bp.cand_op[c]]}, {1, -1}, -1e30, 0});
   for (auto [o, p] : bp.must) m.add_row({{r[o], r[p]}, {1, -1}, -1e30, 0});
   for (const auto& k : bp.cond) m.add_row({{r[k[0]], r[k[1]], e[k[2]]}, {1, -1, 1}, -1e30, 1});

@@ -11,6 +11,7 @@
 //     r_o <= r_p + 1 - e_c                    o reads candidate c of op p
 //     sum_c (1-e_c) bytes_c <= S              kept-for-backward budget (bdg_save)
 //     sum_c (1-e_c) bytes_c + sum_o r_o out_o <= A   peak budget of the block (bdg_all)
+//     r_o = 0                                 o cannot be re-run (Graph::rerunnable)
 //     minimise sum_o r_o time_o
 // Solved over a grid of (A, S); the distinct Pareto-optimal solutions become the block's options.
 #pragma once
@@ -29,6 +30,7 @@ namespace memplan::planner {
 struct BlockProblem {
   int n_ops = 0;
   std::vector<double> time;          // per local op
+  std::vector<char> rerunnable;      // per local op: Graph::rerunnable (r_o = 0 where it is 0)
   std::vector<int64_t> out_bytes;    // per local op: bytes it creates when rerun
   std::vector<int64_t> cand_bytes;   // per candidate
   std::vector<int> cand_op;          // per candidate: local producer

@@ -29,6 +29,7 @@ const char* to_string(Mode m) {
 //           s.t. c[a+1] + s[a][k] + of[a][k] <= m,  s[a][k] + ob[a][k] <= m
 //   Opt_c = min_{a<j<=b} sum_{i=a}^{j-1} ff[i] + Opt(m - c[j], j, b) + Opt(m, a, j-1)
 //           s.t. c[a+1] + off[a] <= m  and  c[i] + c[i+1] + off[i] <= m for a<i<j
+//           and every block a..j-1 may run again (Chain::rerun)
 // Opt_e: Fe on a, solve the rest, then a's backward. Opt_c: Fc on a, Fn up to j-1, store x_j,
 // solve j..b, then re-forward a..j-1 from the stored x_a. O(M L^2 (L + K)) time.
 DpTable dp_fill(const Chain& ch, int M) {
@@ -68,11 +69,12 @@ DpTable dp_fill(const Chain& ch, int M) {
             choice = k;
           }
         }
-        if (a < b && c[a + 1] + ch.off[a] <= m) {
+        if (a < b && c[a + 1] + ch.off[a] <= m && ch.may_rerun(a)) {
           double fwd = ch.ff[a];
           int fn_need = 0;  // max over a<i<j of c[i] + c[i+1] + off[i]
           for (int j = a + 1; j <= b; ++j) {
             if (j > a + 1) {
+              if (!ch.may_rerun(j - 1)) break;
               fwd += ch.ff[j - 1];
               fn_need = std::max(fn_need, c[j - 1] + c[j] + ch.off[j - 1]);
             }

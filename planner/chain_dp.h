@@ -23,7 +23,11 @@ struct Chain {
   std::vector<std::vector<ChainOption>> opts;
   std::vector<double> ff;   // fast (no-grad) forward time
   std::vector<int> off;     // fast forward overhead above input and output
+  // Per block: 0 if it may not run again (it holds an op a rebuild cannot call, Op::rerunnable):
+  // never Fc or Fn, only Fe with its own options. Empty: every block may.
+  std::vector<char> rerun;
   int length() const { return static_cast<int>(opts.size()); }
+  bool may_rerun(int i) const { return rerun.empty() || rerun[i] != 0; }
 };
 
 // Opt[m][a][b] and the choice that reached it, in flat arrays.

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "planner/rerun_ops.h"
+#include "profiler/bytes.h"
 
 namespace memplan::planner {
 
@@ -67,6 +68,52 @@ void find_masks(const Profile& p, Graph* g) {
   }
 }
 
+// No value is evictable whose rebuild would need an op that cannot be re-run (Op::rerunnable):
+// rebuilding a candidate re-runs its producer, and transitively the op behind every input that
+// is not a candidate itself or that a later op re-exposed (block_ilp.h's must edges; a candidate
+// input is kept or rebuilt by its own rule, the cond edges). An input whose maker is stuck
+// (Graph::stuck) may still be read where it is: autograd keeps a saved value until its last
+// unpack, so the rebuild may read it if it runs by then (at the latest at the candidate's first
+// unpack; the simulator checks the actual schedule). Dropping a candidate turns edges to it into
+// must edges, so this repeats until nothing changes. Cost: O(ops + inputs) per round; none at all
+// when every op can be re-run.
+void drop_unrebuildable(Graph* g) {
+  g->stuck.assign(g->n_fwd, 0);
+  if (std::all_of(g->rerunnable.begin(), g->rerunnable.end(), [](char r) { return r != 0; })) return;
+  auto candidate = [&](int64_t v) { return g->evictable[v] && g->first_unpack[v] >= 0; };
+  const int64_t always = g->end_pos();
+  for (bool changed = true; changed;) {
+    changed = false;
+    // until[i]: re-running op i reads, where they are, values alive up to this position at most
+    std::vector<int64_t> until(g->n_fwd, always);
+    for (int64_t i = 0; i < g->n_fwd; ++i) {
+      bool bad = !g->rerunnable[i];
+      for (const Dep& d : g->deps[i]) {
+        if (d.src < 0) continue;
+        const bool made = d.src == g->producer(d.value);
+        if (made && candidate(d.value)) continue;
+        if (made && g->stuck[d.src] && g->natural_end[d.value] >= g->n_fwd) {
+          until[i] = std::min(until[i], g->natural_end[d.value]);
+          continue;
+        }
+        bad = bad || g->stuck[d.src];
+        until[i] = std::min(until[i], until[d.src]);
+      }
+      g->stuck[i] = bad ? 1 : 0;
+    }
+    for (size_t v = 0; v < g->evictable.size(); ++v) {
+      if (!candidate(static_cast<int64_t>(v))) continue;
+      for (int64_t o : g->providers[v])
+        if (g->stuck[o] || until[o] < g->n_fwd + g->first_unpack[v]) {
+          g->evictable[v] = 0;
+          g->unrebuildable_bytes += g->bytes(static_cast<int64_t>(v));
+          changed = true;
+          break;
+        }
+    }
+  }
+}
+
 }  // namespace
 
 bool build_graph(const Profile& p, Graph* g, std::string* error) {
@@ -93,6 +140,16 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
     G.any_written = G.any_written || p.values[v].written;
   }
   G.providers = value_providers(p);
+  G.unseen.assign(nv, 0);
+  for (int64_t i = 0; i < nf; ++i)
+    for (const TensorRef& t : p.forward[i].inputs)
+      if (t.value >= 0 && t.value < nv && p.values[t.value].producer >= 0 &&
+          G.providers[t.value].size() == 1) {  // only its producer, which did not output it
+        const Op& prod = p.forward[p.values[t.value].producer];
+        bool output = false;
+        for (const TensorRef& o : prod.outputs) output = output || o.value == t.value;
+        if (!output) G.unseen[t.value] = G.any_unseen = true;
+      }
   G.produces.assign(nf, {});
   G.deps.assign(nf, {});
   G.out_bytes.assign(nf, 0);
@@ -181,7 +238,11 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
   }
 
   // Evictable: an activation autograd saved and a later backward node unpacks, that nothing else
-  // holds, that no op modifies in place after its producer (re-running that op would clobber it).
+  // holds, that no op modifies in place after its producer (re-running that op would clobber it),
+  // and that a rebuild can make (drop_unrebuildable: a CompiledFunction's saved tensors can only
+  // be kept).
+  G.rerunnable.assign(nf, 1);
+  for (int64_t i = 0; i < nf; ++i) G.rerunnable[i] = p.forward[i].rerunnable ? 1 : 0;
   std::vector<char> mutated(nv, 0);
   for (int64_t i = 0; i < nf; ++i) {
     const Op& op = p.forward[i];
@@ -196,10 +257,37 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
                      !mutated[v] && val.bytes > 0 && !val.saved_by.empty() &&
                      !val.unpacked_by.empty();
   }
+  // What drop_unrebuildable takes away: a candidate made by an op that cannot be re-run is not
+  // evictable in the first place (counted here), one that needs such an op is dropped there.
+  for (int64_t v = 0; v < nv; ++v)
+    if (G.evictable[v] && p.values[v].producer >= 0 && !G.rerunnable[p.values[v].producer]) {
+      G.evictable[v] = 0;
+      G.unrebuildable_bytes += p.values[v].bytes;
+    }
+  drop_unrebuildable(&G);
   find_masks(p, &G);
   G.step_time_us = (p.forward_us + p.backward_us > 0) ? p.forward_us + p.backward_us
                                                       : G.fwd_time_us + G.bwd_time_us;
   return true;
+}
+
+std::string unrebuildable_note(const Graph& g) {
+  if (g.unrebuildable_bytes == 0) return "";
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < g.n_fwd; ++i) {
+    const std::string& n = g.prof->forward[i].name;
+    if (!g.rerunnable[i] && std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  }
+  std::string list;
+  for (size_t k = 0; k < names.size() && k < 3; ++k) list += (k ? ", " : "") + names[k];
+  if (names.size() > 3) list += fmt::format(" and {} more", names.size() - 3);
+  const bool compiled = std::find(names.begin(), names.end(), "CompiledFunction") != names.end();
+  return fmt::format(
+      "{} of saved activations cannot be evicted: forward ops memplan cannot re-run make them, or "
+      "rebuilding them would need those ops ({}: a torch.compile'd graph or a custom "
+      "autograd.Function){}",
+      format_bytes(g.unrebuildable_bytes), list,
+      compiled ? "; torch.compile has its own budget: torch._functorch.config.activation_memory_budget" : "");
 }
 
 std::vector<int64_t> Graph::compaction_candidates() const {

@@ -27,6 +27,12 @@ struct Graph {
   int64_t n_fwd = 0, n_bwd = 0;
   std::vector<char> persistent;         // per value: existed before the step (no producer)
   std::vector<char> evictable;          // per value: dropping autograd's hold frees its bytes
+  std::vector<char> rerunnable;         // per fwd op: Op::rerunnable (a rebuild may re-run it)
+  int64_t unrebuildable_bytes = 0;      // saved activations not evictable for want of such ops
+  // per fwd op: re-running it would re-run an op that cannot be, for an input nothing keeps (not
+  // saved for backward) or that a view re-exposed. A saved input made by a stuck op is read where
+  // it is instead (alive to its last unpack).
+  std::vector<char> stuck;
   std::vector<int64_t> last_fwd_use;    // per value: last forward op touching it (>= producer)
   std::vector<int64_t> first_unpack;    // per value: first backward node unpacking it, -1 if none
   std::vector<int64_t> last_unpack;     // per value: last ..., -1 if none
@@ -34,6 +40,11 @@ struct Graph {
   std::vector<int64_t> held_until;      // per value: Value::held_until (an eviction frees after it)
   std::vector<int64_t> dies_after;      // per value: Value::dies_after (an input freed mid-forward)
   bool any_dies = false;                // some value has dies_after >= 0
+  // per value: made in the step but output by no op (a Python autograd.Function's result: its
+  // RecordFunction has no outputs). The replay cannot tell it from an input from before the step,
+  // so a recipe that captures it holds it to the step's end.
+  std::vector<char> unseen;
+  bool any_unseen = false;
   bool any_written = false;             // some value has Value::written (see copied_when_captured)
   std::vector<std::vector<int64_t>> providers;  // per value: value_providers (rerun_ops.h)
   std::vector<std::vector<int64_t>> produces;  // per fwd op: values it created
@@ -66,5 +77,10 @@ struct Graph {
 // Checks what the planner relies on beyond validate_profile (orders, links between ops and
 // values) and fills `g`. False and one line in `error` when the profile is inconsistent.
 bool build_graph(const Profile& p, Graph* g, std::string* error);
+
+// One line for the user when some saved activations cannot be evicted because an op that makes
+// them (or their inputs) cannot be re-run (torch.compile's CompiledFunction, a custom
+// autograd.Function); "" when there are none.
+std::string unrebuildable_note(const Graph& g);
 
 }  // namespace memplan::planner

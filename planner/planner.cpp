@@ -89,7 +89,9 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     for (size_t i = 0; i < L; ++i) ch.c[i] = units(blocks_[i].input_bytes);
     ch.c[0] = 0;  // the chain's input is persistent or absent
     ch.opts.resize(L);
+    ch.rerun.assign(L, 1);
     for (size_t i = 0; i < L; ++i) {
+      for (int64_t o = blocks_[i].first; o <= blocks_[i].last; ++o) ch.rerun[i] = ch.rerun[i] && g.rerunnable[o];
       const BlockMenu& mu = menus_[blocks_[i].shape_id];
       ch.ff.push_back(mu.ff_time);
       ch.off.push_back(units(mu.ff_overhead));
@@ -246,6 +248,8 @@ PlanResult Planner::plan_for(const Budget& b) const {
       for (const Candidate& c : cands_)  // sorted by peak: the fastest that fits, lowest peak on ties
         if (c.peak <= budget && (!pick || c.time_us < pick->time_us)) pick = &c;
     }
+    const std::string unrebuildable = unrebuildable_note(graph_);
+    if (!unrebuildable.empty()) r.messages.push_back(unrebuildable);
     bool feasible = pick != nullptr;
     if (!pick) {
       pick = &cands_.front();

@@ -24,7 +24,7 @@ std::vector<char> rerun_ops(const Profile& p, const std::vector<std::vector<int6
   auto need = [&](int64_t v) {
     if (v < 0 || static_cast<size_t>(v) >= providers.size()) return;
     for (int64_t o : providers[v])
-      if (!rerun[o]) {
+      if (!rerun[o] && p.forward[o].rerunnable) {  // no plan re-runs another (rerun_handle.h)
         rerun[o] = 1;
         work.push_back(o);
       }

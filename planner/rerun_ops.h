@@ -1,6 +1,7 @@
 // Which forward ops a rebuild may re-run under a plan: every op that provides an evicted value
 // (creates it, or re-exposes it as a view or an in-place result), and transitively every op
-// providing their inputs. The replay gives exactly these ops a recipe, which holds their inputs
+// providing their inputs, except ops that cannot be re-run (Op::rerunnable false: no plan re-runs
+// them, and the replay gives them no recipe). The replay gives exactly these ops a recipe, which holds their inputs
 // from before the step until it ends (agent/replay.cpp); the simulator counts what that keeps
 // alive. One function, so the two agree.
 #pragma once

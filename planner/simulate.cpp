@@ -115,6 +115,8 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
       if (o <= last || o >= N)
         return fail(r, fmt::format("recompute {}: ops not in forward order or out of range", a));
       last = o;
+      if (!g.rerunnable[o])
+        return fail(r, fmt::format("recompute {}: forward op {} ({}) cannot be re-run", a, o, p.forward[o].name));
       for (int64_t v : g.produces[o]) produced_by[a][v] = 1;
     }
     for (int64_t v : rc.keep) {
@@ -177,8 +179,10 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
   // Inputs the replay keeps: every op a rebuild may re-run (one providing an evicted value, and
   // transitively the ops providing its inputs: replay.cpp's hold_externals_) keeps its inputs
   // from before the step until the step ends. One the script frees during the forward (the raw
-  // batch after `x = normalize(x)`) lives that much longer (FGSM probe: +5.5% unseen).
-  if (!evict_at.empty() && g.any_dies) {
+  // batch after `x = normalize(x)`) lives that much longer (FGSM probe: +5.5% unseen). So does a
+  // value the replay takes for such an input (Graph::unseen: a custom autograd.Function's result),
+  // from its natural end.
+  if (!evict_at.empty() && (g.any_dies || g.any_unseen)) {
     std::vector<int64_t> evicted;
     for (auto& [v, a] : evict_at) evicted.push_back(v);
     const std::vector<char> rerun = rerun_ops(p, g.providers, evicted);
@@ -186,9 +190,14 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
     for (int64_t o = 0; o < N; ++o) {
       if (!rerun[o]) continue;
       for (const TensorRef& t : p.forward[o].inputs) {
-        if (!value_ok(t.value) || g.dies_after[t.value] < 0 || kept[t.value]) continue;
-        kept[t.value] = 1;
-        add(g.dies_after[t.value] + 1, E - 1, g.bytes(t.value));
+        if (!value_ok(t.value) || kept[t.value]) continue;
+        if (g.dies_after[t.value] >= 0) {
+          kept[t.value] = 1;
+          add(g.dies_after[t.value] + 1, E - 1, g.bytes(t.value));
+        } else if (g.unseen[t.value] && g.natural_end[t.value] < E - 1) {
+          kept[t.value] = 1;
+          add(g.natural_end[t.value] + 1, E - 1, g.bytes(t.value));
+        }
       }
     }
   }

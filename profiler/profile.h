@@ -54,6 +54,8 @@ struct Op {
   int64_t live_after = 0;           // ... when it ended
   int64_t peak = 0;                 // highest allocated bytes while it ran (>= both of the above)
   bool random = false;              // draws from an RNG (has a Generator? argument, or dropout)
+  bool rerunnable = true;           // forward ops: a rebuild can call it again (rerun_handle.h);
+                                    // false for a Python autograd.Function (CompiledFunction)
 };
 
 // A tensor storage seen during the step. Views share their base's value.

@@ -1,6 +1,8 @@
 #include "profiler/recorder.h"
 
 #include <ATen/SequenceNumber.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <ATen/core/function_schema.h>
 #include <c10/core/StorageImpl.h>
 
@@ -9,6 +11,7 @@
 #include <utility>
 
 #include "profiler/op_hash.h"
+#include "profiler/rerun_handle.h"
 #include "profiler/tensor_args.h"
 
 namespace memplan {
@@ -60,6 +63,7 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
   const int64_t id = static_cast<int64_t>(profile_.values.size());
   Value& v = profile_.values.emplace_back();
   v.bytes = static_cast<int64_t>(s->nbytes());
+  if (producer < 0 && !(t.requires_grad() && t.is_leaf())) producer = made_by_step_op(t);
   if (producer >= 0) {
     v.kind = ValueKind::Activation;
     v.producer = producer;
@@ -76,6 +80,22 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
   slots_.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
   index_[s] = id;
   return id;
+}
+
+// The step's op whose autograd node made `t`: its grad_fn's sequence number lies in the op's
+// range. A Python autograd.Function's RecordFunction has no outputs, so its results are first seen
+// as a later op's inputs; without this they would count as inputs from before the step (alive
+// throughout, in the planner's model) though backward frees them. Reads the grad_fn as stored
+// (grad_fn() could make a new node for a view, taking a sequence number). Cost: a binary search,
+// once per storage first seen as an input.
+int64_t Recorder::made_by_step_op(const at::Tensor& t) const {
+  const torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(t);
+  if (meta == nullptr || !meta->grad_fn_) return -1;
+  const auto seq = static_cast<int64_t>(meta->grad_fn_->sequence_nr());
+  auto it = std::upper_bound(seq_begin_.begin(), seq_begin_.end(), seq);
+  if (it == seq_begin_.begin()) return -1;
+  const auto j = static_cast<int64_t>(it - seq_begin_.begin()) - 1;
+  return j != current_op_ && seq_begin_[j] <= seq && seq < seq_end_[j] ? j : -1;
 }
 
 void Recorder::add_tensor_refs(const c10::IValue& iv, std::vector<TensorRef>* refs, int64_t producer) {
@@ -190,6 +210,7 @@ void Recorder::op_start(const at::RecordFunction& fn) {
   op.seq_nr = fn.seqNr();
   op.thread = fn.threadId();
   op.random = current_random_ = is_random(fn);
+  op.rerunnable = rerun_handle(fn).has_value();
   drew_unmarked_ = false;
   watching_rng_ = !op.random;
   if (watching_rng_) rng_.before(fn.inputs());

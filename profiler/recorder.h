@@ -112,6 +112,7 @@ class Recorder {
     int train_arg = -1;  // a `train` flag beside it
   };
   bool is_random(const at::RecordFunction& fn);
+  int64_t made_by_step_op(const at::Tensor& t) const;
   static RandomRule random_rule(const at::RecordFunction& fn);
   void light_op_start(const at::RecordFunction& fn);
   void light_op_end(const at::RecordFunction& fn);

@@ -507,6 +507,35 @@ def test_inplace_activations_are_rebuilt_on_a_scratch_copy_that_is_no_leaf(runne
     assert "recompute failed" not in p.stderr and "could not restore" not in p.stderr
 
 
+def test_a_custom_autograd_function_is_never_re_run_and_the_peak_is_as_predicted(runner, plain_runs):
+    # GELU as the script's own torch.autograd.Function: one op memplan cannot call again (no
+    # dispatcher operator). Plans counted on re-running it (or on its result being an input from
+    # before the step, alive throughout); the replay kept those tensors instead, and the measured
+    # peak passed the predicted one (+6-16%) and the budget. Now what only it could rebuild stays,
+    # said once, what reads its saved result in place is still evicted, and the planned rebuilds
+    # before its backward node run there (the node is found from the next op's inputs).
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", ["--custom-gelu"])
+    assert_peaks_as_predicted(report)
+    rs = report["replay"]
+    assert sum(r["evicted"] for r in rs) > 0
+    assert sum(r["not_rebuildable"] for r in rs) == 0 and sum(r["on_demand"] for r in rs) == 0
+    assert p.stderr.count("cannot be evicted") == 1 and "TanhGelu" in p.stderr
+    assert "not found in the graph" not in p.stderr
+
+
+def test_a_torch_compiled_model_is_left_as_it_is_with_one_message(runner, plain_runs):
+    # torch.compile: the model's forward is one CompiledFunction, which memplan cannot re-run; so
+    # are the loss's saved tensors, which need its output. No plan lowers the peak: the step runs
+    # as it is, bit-identical, and the user is pointed to torch.compile's own budget.
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", ["--small", "--compile"])
+    assert p.stderr.count("cannot be evicted") == 1
+    assert "CompiledFunction" in p.stderr and "activation_memory_budget" in p.stderr
+    assert "no plan lowers it" in p.stderr
+    plan = report["plan"]
+    assert not plan["feasible"] and plan["predicted_peak_bytes"] == plan["unplanned_peak_bytes"]
+    assert sum(r["not_rebuildable"] for r in report["replay"]) == 0
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))

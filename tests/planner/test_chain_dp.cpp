@@ -36,6 +36,9 @@ std::vector<Seq> all(const Chain& ch, int a, int b) {
     }
   }
   for (int j = a + 1; j <= b; ++j) {
+    bool may = true;  // blocks a..j-1 run again
+    for (int i = a; i < j; ++i) may = may && ch.may_rerun(i);
+    if (!may) break;
     Seq head{{Step::Fc, a, 0}};
     for (int i = a + 1; i < j; ++i) head.push_back({Step::Fn, i, 0});
     auto right = all(ch, j, b);
@@ -144,6 +147,48 @@ TEST(ChainDp, MatchesBruteForceOnRandomChains) {
     }
   }
   EXPECT_GT(compared, 500);
+}
+
+// Blocks that may not run again (an op a rebuild cannot call): the DP against brute force over
+// the schedules that never run them twice, and no schedule it builds runs them twice.
+TEST(ChainDp, BlocksThatMayNotRerunRunOnceAndMatchBruteForce) {
+  std::mt19937 rng(2024);
+  int compared = 0, fewer = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int L = 2 + trial % 4;
+    Chain ch = random_chain(rng, L);
+    ch.rerun.assign(L, 1);
+    for (int i = 0; i < L; ++i) ch.rerun[i] = (rng() % 3 == 0) ? 0 : 1;
+    const int M = 40;
+    DpTable t = dp_fill(ch, M);
+    Chain free = ch;
+    free.rerun.clear();
+    DpTable tf = dp_fill(free, M);
+    std::vector<std::pair<int, double>> runs;
+    for (const Seq& s : all(ch, 0, L - 1)) runs.push_back(replay(ch, s));
+    for (int m = 0; m <= M; ++m) {
+      double best = kInf;
+      for (auto [peak, time] : runs)
+        if (peak <= m) best = std::min(best, time);
+      const double dp = t.value(m, 0, L - 1);
+      ASSERT_EQ(dp >= kInf, best >= kInf) << "trial " << trial << " m " << m;
+      if (best >= kInf) continue;
+      ASSERT_NEAR(dp, best, 1e-9) << "trial " << trial << " m " << m;
+      ++compared;
+      EXPECT_GE(dp, tf.value(m, 0, L - 1) - 1e-9);  // a restriction never helps
+      if (dp > tf.value(m, 0, L - 1) + 1e-9) ++fewer;
+      std::vector<Sweep> sw;
+      ASSERT_TRUE(dp_schedule(ch, t, m, &sw));
+      for (const Sweep& s : sw)
+        for (const SweepStep& st : s.steps)
+          if (!ch.may_rerun(st.block)) {
+            EXPECT_EQ(st.mode, Mode::Fe);
+            EXPECT_EQ(&s, &sw[0]) << "block " << st.block << " re-forwarded";
+          }
+    }
+  }
+  EXPECT_GT(compared, 300);
+  EXPECT_GT(fewer, 0);  // the flag matters somewhere
 }
 
 TEST(ChainDp, TimeNeverGrowsWithMemory) {

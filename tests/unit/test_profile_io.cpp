@@ -58,6 +58,7 @@ Profile sample() {
   relu.live_after = 3000;
   relu.peak = 3000;
   relu.random = true;
+  relu.rerunnable = false;  // as a custom autograd.Function would be
   p.forward = {lin, relu};
 
   Op bw;
@@ -92,6 +93,7 @@ void expect_op_eq(const Op& a, const Op& b) {
   EXPECT_EQ(a.live_after, b.live_after);
   EXPECT_EQ(a.peak, b.peak);
   EXPECT_EQ(a.random, b.random);
+  EXPECT_EQ(a.rerunnable, b.rerunnable);
   ASSERT_EQ(a.inputs.size(), b.inputs.size());
   for (size_t i = 0; i < a.inputs.size(); ++i) expect_tensor_eq(a.inputs[i], b.inputs[i]);
   ASSERT_EQ(a.outputs.size(), b.outputs.size());

@@ -1,0 +1,29 @@
+// Whether a rebuild can re-run a forward op, and with which operator: one test for the recorder
+// (Op::rerunnable, which the planner plans with) and the replayer (which gives the op a recipe),
+// so that a plan never counts on re-running an op the replay cannot call.
+//
+// Re-runnable: an operator the dispatcher knows, with a schema, whose RecordFunction carries every
+// argument. Not re-runnable: a Python autograd.Function (torch.compile's CompiledFunction, a user's
+// custom Function: a RecordFunction named after the class, no operator), or an op whose inputs do
+// not match its schema. Their saved tensors can only be kept.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+
+#include <optional>
+
+namespace memplan {
+
+// Cost: one dispatcher lookup by name (a hash map read under the dispatcher's lock); called once
+// per recorded op, and by the replayer only for ops that may re-run.
+inline std::optional<c10::OperatorHandle> rerun_handle(const at::RecordFunction& fn) {
+  const auto name = fn.operator_name();
+  if (!name) return std::nullopt;
+  auto op = c10::Dispatcher::singleton().findOp(*name);
+  if (!op || !op->hasSchema()) return std::nullopt;
+  if (fn.inputs().size() != op->schema().arguments().size()) return std::nullopt;  // kwarg-only oddities
+  return op;
+}
+
+}  // namespace memplan

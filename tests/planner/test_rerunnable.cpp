@@ -1,0 +1,128 @@
+// Ops a rebuild cannot call again (Op::rerunnable false: a custom autograd.Function,
+// torch.compile's CompiledFunction): no plan re-runs them, what only they could rebuild is never
+// evicted, and what their saved results let a rebuild read in place still is.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "planner/graph.h"
+#include "planner/planner.h"
+#include "planner/rerun_ops.h"
+#include "planner/simulate.h"
+#include "planner/synth.h"
+
+using namespace memplan;
+using namespace memplan::planner;
+
+namespace {
+
+// A GPT-2 MLP with its GELU as the user's own Function (op 1), and a side branch through a
+// result of it that nothing saves:
+//   h0 = linear(in)            saved by the Function
+//   y, u = Function(h0)        y saved by it and by linear 2; u saved by nobody
+//   z = linear(y)              saved by gelu        (rebuilt by reading y in place)
+//   g = gelu(z)                saved by linear 4    (rebuilt from z)
+//   out = linear(g)
+//   m = mul(u); k = tanh(m)    k saved by tanh itself (its rebuild needs m, so u, so the Function)
+//   loss = sum(add(out, k))
+struct OpaqueMlp {
+  Profile p;
+  int64_t h0 = 0, y = 0, u = 0, z = 0, g = 0, k = 0;
+  static constexpr int64_t kFunction = 1;
+  explicit OpaqueMlp(bool opaque = true) {
+    SynthBuilder b;
+    const int64_t in = b.input(1 << 18);
+    h0 = b.op("aten::linear", {in, b.param(1 << 16)}, {{1 << 20}}, {in}, 40)[0];
+    const auto yu = b.op_saving_outputs("TanhGelu", {h0}, {{1 << 20}, {1 << 20}}, {h0}, {0}, 30);
+    y = yu[0];
+    u = yu[1];
+    z = b.op("aten::linear", {y, b.param(1 << 16)}, {{1 << 20}}, {y}, 40)[0];
+    g = b.op("aten::gelu", {z}, {{1 << 20}}, {z}, 5)[0];
+    const int64_t out = b.op("aten::linear", {g, b.param(1 << 16)}, {{1 << 18}}, {g}, 40)[0];
+    const int64_t m = b.op("aten::mul", {u}, {{1 << 20}}, {}, 5)[0];
+    k = b.op_saving_outputs("aten::tanh", {m}, {{1 << 20}}, {}, {0}, 5)[0];
+    const int64_t s = b.op("aten::add", {out, k}, {{1 << 20}}, {}, 2)[0];
+    b.op("aten::sum", {s}, {{4}}, {}, 1);
+    p = b.finish();
+    p.forward[kFunction].rerunnable = !opaque;
+  }
+  Graph graph() const {
+    Graph gr;
+    std::string err;
+    EXPECT_TRUE(build_graph(p, &gr, &err)) << err;
+    return gr;
+  }
+};
+
+}  // namespace
+
+TEST(Rerunnable, WhatOnlyAnOpaqueOpCouldRebuildIsNotEvictable) {
+  OpaqueMlp t;
+  const Graph g = t.graph();
+  EXPECT_FALSE(g.evictable[t.y]);  // made by the Function
+  EXPECT_FALSE(g.evictable[t.k]);  // tanh reads m, which only a re-run of mul(u) makes: u is the Function's
+  EXPECT_TRUE(g.evictable[t.h0]);  // linear from the input
+  EXPECT_TRUE(g.evictable[t.z]);   // linear from y, which autograd keeps until the Function's backward
+  EXPECT_TRUE(g.evictable[t.g]);
+  EXPECT_TRUE(g.stuck[OpaqueMlp::kFunction]);
+  EXPECT_FALSE(g.stuck[2]);        // linear 2 reads y in place
+  EXPECT_EQ(g.unrebuildable_bytes, g.bytes(t.y) + g.bytes(t.k));
+  const std::string note = unrebuildable_note(g);
+  EXPECT_NE(note.find("TanhGelu"), std::string::npos) << note;
+  EXPECT_NE(note.find("2.00 MiB"), std::string::npos) << note;
+
+  // The same step with the Function re-runnable: all of them may go, and nothing is said.
+  const Graph free = OpaqueMlp(false).graph();
+  EXPECT_TRUE(free.evictable[t.y] && free.evictable[t.k]);
+  EXPECT_EQ(free.unrebuildable_bytes, 0);
+  EXPECT_EQ(unrebuildable_note(free), "");
+}
+
+TEST(Rerunnable, TheSimulatorRefusesARecomputeThatRerunsAnOpaqueOp) {
+  OpaqueMlp t;
+  const Graph g = t.graph();
+  Plan plan;
+  plan.evictions.push_back({t.h0, g.last_fwd_use[t.h0]});
+  plan.recomputes.push_back({g.first_unpack[t.h0], {0, OpaqueMlp::kFunction}, {t.h0}});
+  SimResult s = simulate(g, plan);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.error.find("cannot be re-run"), std::string::npos) << s.error;
+  plan.recomputes[0].ops = {0};
+  s = simulate(g, plan);
+  EXPECT_TRUE(s.ok) << s.error;
+  // A recipe never captures for the Function: the replay could not call it.
+  const std::vector<char> rerun = rerun_ops(t.p, g.providers, {t.z, t.h0});
+  EXPECT_TRUE(rerun[0] && rerun[2]);
+  EXPECT_FALSE(rerun[OpaqueMlp::kFunction]);
+}
+
+TEST(Rerunnable, PlansAtEveryBudgetLeaveTheOpaqueOpAloneAndStillSave) {
+  OpaqueMlp t;
+  Planner pl;
+  std::string err;
+  ASSERT_TRUE(pl.prepare(t.p, PlannerOptions{}, &err)) << err;
+  for (const Candidate& c : pl.candidates()) {
+    const SimResult s = simulate(pl.graph(), c.plan);
+    ASSERT_TRUE(s.ok) << "slot " << c.slot << ": " << s.error;
+    for (const Recompute& r : c.plan.recomputes)
+      EXPECT_EQ(std::count(r.ops.begin(), r.ops.end(), OpaqueMlp::kFunction), 0) << "slot " << c.slot;
+  }
+  bool z_evicted = false;
+  for (int pct = 0; pct <= 100; pct += 5) {
+    Budget b;
+    b.kind = Budget::Kind::Percent;
+    b.percent = pct;
+    const PlanResult r = pl.plan_for(b);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_NE(std::find_if(r.messages.begin(), r.messages.end(),
+                           [](const std::string& m) { return m.find("TanhGelu") != std::string::npos; }),
+              r.messages.end());
+    for (const Eviction& e : r.plan.evictions) {
+      EXPECT_NE(e.value, t.y);
+      EXPECT_NE(e.value, t.k);
+      z_evicted = z_evicted || e.value == t.z;
+    }
+  }
+  EXPECT_TRUE(z_evicted);  // rebuilt from y in place, below some budget
+  EXPECT_LT(pl.min_feasible(), pl.unplanned_peak());
+}
