@@ -95,7 +95,11 @@ int64_t Recorder::made_by_step_op(const at::Tensor& t) const {
   auto it = std::upper_bound(seq_begin_.begin(), seq_begin_.end(), seq);
   if (it == seq_begin_.begin()) return -1;
   const auto j = static_cast<int64_t>(it - seq_begin_.begin()) - 1;
-  return j != current_op_ && seq_begin_[j] <= seq && seq < seq_end_[j] ? j : -1;
+  // Sequence numbers are per thread: the node must come from the op's thread too.
+  return j != current_op_ && seq_begin_[j] <= seq && seq < seq_end_[j] &&
+                 meta->grad_fn_->thread_id() == profile_.forward[j].thread
+             ? j
+             : -1;
 }
 
 void Recorder::add_tensor_refs(const c10::IValue& iv, std::vector<TensorRef>* refs, int64_t producer) {
