@@ -589,7 +589,7 @@ void Agent::end_step(Profile p) {
       if (log_enabled(LogLevel::Debug)) {
         debug("replayed step {}: peak {} at {}", p.step, format_bytes(p.peak_bytes), peak_location(p));
         std::string error;
-        if (!profile_path_.empty()) write_profile_file(profile_path_ + ".replay.json", p, &error);
+        if (!profile_path_.empty()) write_profile_file(profile_path_ + ".replay" + std::to_string(p.step) + ".json", p, &error);
       }
     }
     replayer_ = nullptr;

@@ -27,7 +27,8 @@ struct Graph {
   int64_t n_fwd = 0, n_bwd = 0;
   std::vector<char> persistent;         // per value: existed before the step (no producer)
   std::vector<char> evictable;          // per value: dropping autograd's hold frees its bytes
-  std::vector<char> rerunnable;         // per fwd op: Op::rerunnable (a rebuild may re-run it)
+  std::vector<char> rerunnable;         // per fwd op: Op::rerunnable, or it makes no value (a
+                                        // rebuild never needs to run it)
   int64_t unrebuildable_bytes = 0;      // saved activations not evictable for want of such ops
   // per fwd op: re-running it would re-run an op that cannot be, for an input nothing keeps (not
   // saved for backward) or that a view re-exposed. A saved input made by a stuck op is read where
