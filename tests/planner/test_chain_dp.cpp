@@ -117,6 +117,18 @@ Chain random_chain(std::mt19937& rng, int L) {
   return ch;
 }
 
+// Per memory size 0..M: the least time of any schedule of the grammar whose replayed peak fits
+// (kInf if none).
+std::vector<double> brute_force_best(const Chain& ch, int M) {
+  std::vector<std::pair<int, double>> runs;
+  for (const Seq& s : all(ch, 0, ch.length() - 1)) runs.push_back(replay(ch, s));
+  std::vector<double> best(M + 1, kInf);
+  for (int m = 0; m <= M; ++m)
+    for (auto [peak, time] : runs)
+      if (peak <= m) best[m] = std::min(best[m], time);
+  return best;
+}
+
 }  // namespace
 
 TEST(ChainDp, MatchesBruteForceOnRandomChains) {
@@ -129,12 +141,9 @@ TEST(ChainDp, MatchesBruteForceOnRandomChains) {
       for (auto& o : ch.opts) o.resize(std::min<size_t>(o.size(), 2));
     const int M = 40;
     DpTable t = dp_fill(ch, M);
-    std::vector<std::pair<int, double>> runs;
-    for (const Seq& s : all(ch, 0, L - 1)) runs.push_back(replay(ch, s));
+    const std::vector<double> brute = brute_force_best(ch, M);
     for (int m = 0; m <= M; ++m) {
-      double best = kInf;
-      for (auto [peak, time] : runs)
-        if (peak <= m) best = std::min(best, time);
+      const double best = brute[m];
       const double dp = t.value(m, 0, L - 1);
       ASSERT_EQ(dp >= kInf, best >= kInf) << "trial " << trial << " m " << m;
       if (best < kInf) {
@@ -164,12 +173,9 @@ TEST(ChainDp, BlocksThatMayNotRerunRunOnceAndMatchBruteForce) {
     Chain free = ch;
     free.rerun.clear();
     DpTable tf = dp_fill(free, M);
-    std::vector<std::pair<int, double>> runs;
-    for (const Seq& s : all(ch, 0, L - 1)) runs.push_back(replay(ch, s));
+    const std::vector<double> brute = brute_force_best(ch, M);
     for (int m = 0; m <= M; ++m) {
-      double best = kInf;
-      for (auto [peak, time] : runs)
-        if (peak <= m) best = std::min(best, time);
+      const double best = brute[m];
       const double dp = t.value(m, 0, L - 1);
       ASSERT_EQ(dp >= kInf, best >= kInf) << "trial " << trial << " m " << m;
       if (best >= kInf) continue;
