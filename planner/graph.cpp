@@ -285,13 +285,17 @@ std::string unrebuildable_note(const Graph& g) {
   std::string list;
   for (size_t k = 0; k < names.size() && k < 3; ++k) list += (k ? ", " : "") + names[k];
   if (names.size() > 3) list += fmt::format(" and {} more", names.size() - 3);
-  const bool compiled = std::find(names.begin(), names.end(), "CompiledFunction") != names.end();
+  auto has = [&](const char* n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  std::string hints;  // what the user can do about the well-known ones
+  if (has("CompiledFunction"))
+    hints += "; torch.compile has its own budget: torch._functorch.config.activation_memory_budget";
+  if (has("CheckpointFunction"))
+    hints += "; CheckpointFunction is torch.utils.checkpoint(use_reentrant=True), which recomputes its region itself";
   return fmt::format(
       "{} of saved activations cannot be evicted: forward ops memplan cannot re-run make them, or "
       "rebuilding them would need those ops ({}: a torch.compile'd graph or a custom "
       "autograd.Function){}",
-      format_bytes(g.unrebuildable_bytes), list,
-      compiled ? "; torch.compile has its own budget: torch._functorch.config.activation_memory_budget" : "");
+      format_bytes(g.unrebuildable_bytes), list, hints);
 }
 
 std::vector<int64_t> Graph::compaction_candidates() const {

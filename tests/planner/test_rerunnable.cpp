@@ -71,6 +71,12 @@ TEST(Rerunnable, WhatOnlyAnOpaqueOpCouldRebuildIsNotEvictable) {
   EXPECT_NE(note.find("TanhGelu"), std::string::npos) << note;
   EXPECT_NE(note.find("2.00 MiB"), std::string::npos) << note;
 
+  // torch.compile's Function: the note points to torch.compile's own budget.
+  OpaqueMlp compiled;
+  compiled.p.forward[OpaqueMlp::kFunction].name = "CompiledFunction";
+  EXPECT_NE(unrebuildable_note(compiled.graph()).find("activation_memory_budget"), std::string::npos);
+  EXPECT_EQ(note.find("activation_memory_budget"), std::string::npos);
+
   // The same step with the Function re-runnable: all of them may go, and nothing is said.
   const Graph free = OpaqueMlp(false).graph();
   EXPECT_TRUE(free.evictable[t.y] && free.evictable[t.k]);
