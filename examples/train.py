@@ -418,6 +418,9 @@ def main():
     if args.distributed:
         # PyTorch's documented shutdown: without it gloo's worker threads may still be alive at
         # interpreter exit and abort the process ("terminate called without an active exception").
+        # The barrier first: a rank that tears its group down while the other still talks to it
+        # aborts the same way (1 run in 16 without memplan, before the barrier).
+        dist.barrier()
         dist.destroy_process_group()
 
 
