@@ -237,16 +237,17 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
     G.bwd_time_us += n.time_us;
   }
 
-  // Evictable: an activation autograd saved and a later backward node unpacks, that nothing else
-  // holds, that no op modifies in place after its producer (re-running that op would clobber it),
-  // and that a rebuild can make (drop_unrebuildable: a CompiledFunction's saved tensors can only
-  // be kept).
   // An op that makes no value (FSDP2's RegisterPostBackwardFunction passes its inputs through)
   // is never run by a rebuild, which runs only what a wanted value needs: no obstacle, and a
   // block holding it may still be re-forwarded.
   G.rerunnable.assign(nf, 1);
   for (int64_t i = 0; i < nf; ++i)
     G.rerunnable[i] = p.forward[i].rerunnable || (G.produces[i].empty() && p.forward[i].outputs.empty()) ? 1 : 0;
+
+  // Evictable: an activation autograd saved and a later backward node unpacks, that nothing else
+  // holds, that no op modifies in place after its producer (re-running that op would clobber it),
+  // and that a rebuild can make (drop_unrebuildable: a CompiledFunction's saved tensors can only
+  // be kept).
   std::vector<char> mutated(nv, 0);
   for (int64_t i = 0; i < nf; ++i) {
     const Op& op = p.forward[i];
