@@ -262,13 +262,6 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
                      !mutated[v] && val.bytes > 0 && !val.saved_by.empty() &&
                      !val.unpacked_by.empty();
   }
-  // What drop_unrebuildable takes away: a candidate made by an op that cannot be re-run is not
-  // evictable in the first place (counted here), one that needs such an op is dropped there.
-  for (int64_t v = 0; v < nv; ++v)
-    if (G.evictable[v] && p.values[v].producer >= 0 && !G.rerunnable[p.values[v].producer]) {
-      G.evictable[v] = 0;
-      G.unrebuildable_bytes += p.values[v].bytes;
-    }
   drop_unrebuildable(&G);
   find_masks(p, &G);
   G.step_time_us = (p.forward_us + p.backward_us > 0) ? p.forward_us + p.backward_us
