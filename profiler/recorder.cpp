@@ -91,15 +91,22 @@ int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
 int64_t Recorder::made_by_step_op(const at::Tensor& t) const {
   const torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(t);
   if (meta == nullptr || !meta->grad_fn_) return -1;
-  const auto seq = static_cast<int64_t>(meta->grad_fn_->sequence_nr());
+  const int64_t j = op_of_node(static_cast<int64_t>(meta->grad_fn_->sequence_nr()), meta->grad_fn_->thread_id());
+  return j != current_op_ ? j : -1;
+}
+
+// Op i created the nodes numbered [seq_begin_[i], seq_end_[i]) on its thread (sequence numbers
+// are per thread). Cost: a binary search, and a short walk back.
+int64_t Recorder::op_of_node(int64_t seq, uint64_t thread) const {
   auto it = std::upper_bound(seq_begin_.begin(), seq_begin_.end(), seq);
   if (it == seq_begin_.begin()) return -1;
-  const auto j = static_cast<int64_t>(it - seq_begin_.begin()) - 1;
-  // Sequence numbers are per thread: the node must come from the op's thread too.
-  return j != current_op_ && seq_begin_[j] <= seq && seq < seq_end_[j] &&
-                 meta->grad_fn_->thread_id() == profile_.forward[j].thread
-             ? j
-             : -1;
+  const size_t i = static_cast<size_t>(it - seq_begin_.begin()) - 1;
+  // Ops that created no node share a begin with the next one: walk back to the creator.
+  for (size_t j = i + 1; j-- > 0;) {
+    if (seq_begin_[j] <= seq && seq < seq_end_[j] && profile_.forward[j].thread == thread) return static_cast<int64_t>(j);
+    if (seq_end_[j] <= seq) break;
+  }
+  return -1;
 }
 
 void Recorder::add_tensor_refs(const c10::IValue& iv, std::vector<TensorRef>* refs, int64_t producer) {
@@ -443,21 +450,9 @@ Profile Recorder::end_step() {
   profile_.overhead_us = static_cast<double>(overhead_ns_) / 1000.0;
   check_written(static_cast<int64_t>(profile_.backward.size()));
   input_versions_.clear();
-  // Link every backward node to the forward op whose autograd kernel created it: op i created
-  // the nodes numbered [seq_begin_[i], seq_end_[i]) on its thread.
+  // Link every backward node to the forward op whose autograd kernel created it.
   for (Op& n : profile_.backward) {
-    if (n.seq_nr < 0) continue;
-    auto it = std::upper_bound(seq_begin_.begin(), seq_begin_.end(), n.seq_nr);
-    if (it == seq_begin_.begin()) continue;
-    const size_t i = static_cast<size_t>(it - seq_begin_.begin()) - 1;
-    // Ops that created no node share a begin with the next one: walk back to the creator.
-    for (size_t j = i + 1; j-- > 0;) {
-      if (seq_begin_[j] <= n.seq_nr && n.seq_nr < seq_end_[j] && profile_.forward[j].thread == n.thread) {
-        n.fwd_op = static_cast<int64_t>(j);
-        break;
-      }
-      if (seq_end_[j] <= n.seq_nr) break;
-    }
+    if (n.seq_nr >= 0) n.fwd_op = op_of_node(n.seq_nr, n.thread);
   }
   if (!light_) profile_.op_hash = hash_forward_ops(profile_.forward);
   profile_.signature = light_ ? light_sig_ : signature_of(profile_.forward);

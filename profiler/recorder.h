@@ -113,6 +113,7 @@ class Recorder {
   };
   bool is_random(const at::RecordFunction& fn);
   int64_t made_by_step_op(const at::Tensor& t) const;
+  int64_t op_of_node(int64_t seq, uint64_t thread) const;  // the forward op that made that node, or -1
   static RandomRule random_rule(const at::RecordFunction& fn);
   void light_op_start(const at::RecordFunction& fn);
   void light_op_end(const at::RecordFunction& fn);
