@@ -140,7 +140,7 @@ bool Agent::boot() {
     return false;
   }
   if (phase_ != Phase::Off) return true;
-  owner_ = at::RecordFunction::currentThreadId();
+  if (opt.train_thread == TrainThread::Import) owner_.store(at::RecordFunction::currentThreadId());
   set_nvtx_enabled(opt.nvtx);
   if (!install_cpu_allocator()) warn("CPU allocator wrapper not installed; CPU memory is not accounted");
   attach_cuda_tracker();
@@ -158,24 +158,48 @@ bool Agent::boot() {
 
 bool Agent::recording() const { return phase_ == Phase::Warmup || phase_ == Phase::Replay; }
 
-bool Agent::on_owner_thread() const { return at::RecordFunction::currentThreadId() == owner_; }
+bool Agent::on_owner_thread() const {
+  return at::RecordFunction::currentThreadId() == owner_.load(std::memory_order_relaxed);
+}
+
+// Under MEMPLAN_TRAIN_THREAD=backward: the first thread to call backward trains. Its forward ran
+// unobserved (no thread was yet), so this step is none of ours; recording starts with its next.
+// Not while that thread has saved-tensor hooks of its own (a user's context it will leave): ours
+// go at the bottom of its stack, as on the import thread at boot.
+bool Agent::claim_thread() {
+  if (inert_ || options().train_thread != TrainThread::FirstBackward) return false;
+  if (owner_.load(std::memory_order_relaxed) != 0 || !at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) {
+    return false;
+  }
+  uint64_t none = 0;
+  if (!owner_.compare_exchange_strong(none, at::RecordFunction::currentThreadId())) return false;
+  debug("the training thread is the first one that called backward (MEMPLAN_TRAIN_THREAD=backward); its first "
+        "step runs unobserved");
+  return true;
+}
 
 // Another thread's op: never part of the step. Said once if it looks like training (an input
 // that requires grad), since memplan then plans nothing on that thread. No agent state touched.
 void Agent::foreign_op(const at::RecordFunction& fn) {
   static std::atomic<bool> said{false};
+  if (owner_.load(std::memory_order_relaxed) == 0) return;  // no training thread yet (claim_thread)
   if (inert_ || said.load(std::memory_order_relaxed) || !at::GradMode::is_enabled()) return;
   if (reads_grad(fn)) {
     said.store(true, std::memory_order_relaxed);  // spares later ops the scan; log_once says it once
     log_once("foreign-thread", LogLevel::Info,
-             "ops with gradients run on a thread other than the one that imported torch: memplan "
-             "observes and plans only that thread's training steps; the other thread's run as "
-             "plain PyTorch");
+             options().train_thread == TrainThread::Import
+                 ? "ops with gradients run on a thread other than the one that imported torch: memplan "
+                   "observes and plans only that thread's training steps; the other thread's run as "
+                   "plain PyTorch (MEMPLAN_TRAIN_THREAD=backward observes the first thread that calls "
+                   "backward instead)"
+                 : "ops with gradients run on a thread other than the first one that called backward: "
+                   "memplan observes and plans only that thread's training steps; the other thread's "
+                   "run as plain PyTorch");
   }
 }
 
 void Agent::op_start(const at::RecordFunction& fn) {
-  if (fn.threadId() != owner_) {
+  if (fn.threadId() != owner_.load(std::memory_order_relaxed)) {
     foreign_op(fn);
     return;
   }
@@ -224,14 +248,15 @@ void Agent::op_start(const at::RecordFunction& fn) {
 // after the op that read it): the replayer copies it first. Cost while replaying: a few flag
 // checks, then Replayer::before_write's.
 void Agent::untracked_op(const at::RecordFunction& fn) {
-  if (fn.threadId() != owner_ || inert_ || phase_ != Phase::Replay || backward_depth_ > 0 || choice_.profile) {
+  if (fn.threadId() != owner_.load(std::memory_order_relaxed) || inert_ || phase_ != Phase::Replay ||
+      backward_depth_ > 0 || choice_.profile) {
     return;
   }
   each_replayer([&](Replayer& r) { r.before_write(fn); });
 }
 
 void Agent::op_end(const at::RecordFunction& fn) {
-  if (fn.threadId() != owner_) return;
+  if (fn.threadId() != owner_.load(std::memory_order_relaxed)) return;
   restore_pack_hooks();
   if (inert_ || recorder_.current_op() < 0) return;
   OverheadTimer timer(&recorder_);
@@ -336,7 +361,7 @@ void Agent::decide_kind(int plan) {
 // A node of a graph another thread built (its own backward, running beside ours) is not the
 // step's. The engine's "evaluate_function" wrapper carries no forward thread (0).
 bool Agent::foreign_node(const at::RecordFunction& fn) const {
-  return fn.forwardThreadId() != 0 && fn.forwardThreadId() != owner_;
+  return fn.forwardThreadId() != 0 && fn.forwardThreadId() != owner_.load(std::memory_order_relaxed);
 }
 
 void Agent::node_start(const at::RecordFunction& fn) {

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -44,6 +45,12 @@ class Agent final : public OpSink {
   // The shim pushed our hooks (again): remember which stack entry is ours.
   void hooks_pushed();
   at::Tensor unpack(const Saved& s);
+  // Called by the shim's backward wrapper before backward_begin, with the GIL held. Under
+  // MEMPLAN_TRAIN_THREAD=backward the first thread to get here becomes the training thread, once
+  // for the process: true on that call only (the shim then pushes our saved-tensor hooks on it).
+  bool claim_thread();
+  // The calling thread is the training thread (the shim pushes our hooks on it at boot).
+  bool owns_thread() const { return on_owner_thread(); }
   // Step boundaries (wrapped torch.autograd.backward / grad).
   void backward_begin();
   // False once the agent needs the saved-tensor hooks no more (the shim then removes them).
@@ -114,12 +121,14 @@ class Agent final : public OpSink {
   bool nothing_to_do() const;
   void write_outputs();
 
-  // The training thread: the one that loaded the agent, the only one with our saved-tensor
-  // hooks on its stack. Only its ops, its backward calls and the backward nodes of graphs it
-  // built are observed: a step recorded from two threads at once (a prefetch thread normalizing
-  // the next batch while the main thread trains) raced in the recorder and crashed the process.
-  // Set once in boot(), before the script starts any thread.
-  uint64_t owner_ = 0;
+  // The training thread (MEMPLAN_TRAIN_THREAD): the one that imported torch, set in boot()
+  // before the script starts any thread; or the first one to call backward (claim_thread),
+  // 0 until then. Set once, never changed. Only its ops, its backward calls and the backward
+  // nodes of graphs it built are observed, and only it has our saved-tensor hooks on its stack:
+  // a step recorded from two threads at once (a prefetch thread normalizing the next batch while
+  // the main thread trains) raced in the recorder and crashed the process. Read with relaxed
+  // loads: a thread compares it with its own id, which only it could have stored.
+  std::atomic<uint64_t> owner_{0};
   bool on_owner_thread() const;   // cost: a TLS read
   void foreign_op(const at::RecordFunction& fn);
   bool foreign_node(const at::RecordFunction& fn) const;

@@ -167,6 +167,12 @@ const Row kRows[] = {
     {{"MEMPLAN_NVTX", "1", "1/0, true/false, yes/no, on/off",
       "Emit NVTX ranges (domain \"memplan\") for Nsight Systems."},
      [](const std::string& t, Options* o) { return parse_bool(t, &o->nvtx); }},
+    {{"MEMPLAN_TRAIN_THREAD", "import", "import or backward (case-insensitive)",
+      "Which thread trains: import, the thread that imported torch (a script's main thread); "
+      "backward, the first thread that calls backward (a framework that runs the training "
+      "function on a thread of its own), whose first step then runs unobserved. Other threads' "
+      "ops are never observed."},
+     [](const std::string& t, Options* o) { return parse_train_thread(t, &o->train_thread); }},
 };
 
 // Not options, but legitimately named MEMPLAN_*: never reported as typos.
@@ -197,6 +203,14 @@ const std::vector<OptionInfo>& option_table() {
     return t;
   }();
   return table;
+}
+
+bool parse_train_thread(const std::string& text, TrainThread* out) {
+  const std::string s = lower(trim(text));
+  if (s == "import") *out = TrainThread::Import;
+  else if (s == "backward" || s == "first-backward") *out = TrainThread::FirstBackward;
+  else return false;
+  return true;
 }
 
 bool parse_bool(const std::string& text, bool* out) {

@@ -17,6 +17,12 @@ namespace memplan {
 
 enum class LogLevel { Error, Warn, Info, Debug };
 
+// Which thread's steps are observed and planned (one thread: the saved-tensor hooks and the
+// recorder are per training thread). Import: the thread that imported torch (a script's main
+// thread). FirstBackward: the first thread that calls backward (a framework that runs the
+// training function on a thread of its own); its first step runs unobserved.
+enum class TrainThread { Import, FirstBackward };
+
 // One budget type for the option, the offline CLI and the planner (planner/budget.h):
 // Kind::Bytes caps everything allocated during the step; Kind::Percent, in (0, 1000], is of the
 // un-planned step's activation memory.
@@ -34,6 +40,7 @@ struct Options {
   LogLevel log = LogLevel::Info;                     // MEMPLAN_LOG
   bool summary = true;                               // MEMPLAN_SUMMARY
   bool nvtx = true;                                  // MEMPLAN_NVTX
+  TrainThread train_thread = TrainThread::Import;    // MEMPLAN_TRAIN_THREAD
 };
 
 struct OptionInfo {
@@ -72,6 +79,8 @@ bool parse_size(const std::string& text, int64_t* bytes);
 bool parse_budget(const std::string& text, Budget* out);
 // 1/0, true/false, yes/no, on/off, case-insensitive.
 bool parse_bool(const std::string& text, bool* out);
+// "import" or "backward" (also "first-backward"), case-insensitive.
+bool parse_train_thread(const std::string& text, TrainThread* out);
 
 // Per-rank output path when the process is one of several ranks (world_size > 1): ".rankN" goes
 // before the extension: "trace.json" -> "trace.rank1.json", "out/trace" -> "out/trace.rank1".

@@ -65,6 +65,8 @@ PYBIND11_MODULE(_memplan, m) {
     m.add_object(def.ml_name, py::reinterpret_steal<py::object>(PyCFunction_NewEx(&def, nullptr, m.ptr())));
   }
   m.def("hooks_pushed", [] { Agent::get().hooks_pushed(); });
+  m.def("claim_thread", [] { return Agent::get().claim_thread(); });
+  m.def("owns_thread", [] { return Agent::get().owns_thread(); });
   m.def("backward_begin", [] { Agent::get().backward_begin(); });
   m.def("backward_end", [] { return Agent::get().backward_end(); });
   m.def("optimizer_step_begin", [](bool differentiable) { Agent::get().optimizer_step_begin(differentiable); });

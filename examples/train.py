@@ -91,6 +91,8 @@ def parse():
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
     p.add_argument("--side-thread", action="store_true",
                    help="a thread running tensor ops and its own small backward beside training")
+    p.add_argument("--train-thread", action="store_true",
+                   help="build the model and train on a thread of its own, as Ray Train runs the training function")
     p.add_argument("--dump", help="torch.save losses, every gradient and every buffer of every step here")
     p.add_argument("--profile-step", type=int, default=-1,
                    help="write top-level forward op names and the memory peak of this step (torch.profiler)")
@@ -424,5 +426,24 @@ def main():
         dist.destroy_process_group()
 
 
+def run_on_thread(fn):
+    """Runs fn on a new thread and waits for it; its exception, if any, is raised here."""
+    import threading
+
+    failed = []
+
+    def body():
+        try:
+            fn()
+        except BaseException as e:  # re-raised on the main thread
+            failed.append(e)
+
+    t = threading.Thread(target=body, name="train")
+    t.start()
+    t.join()
+    if failed:
+        raise failed[0]
+
+
 if __name__ == "__main__":
-    main()
+    run_on_thread(main) if "--train-thread" in sys.argv else main()

@@ -13,8 +13,9 @@ def install(torch, agent):
     if not agent.boot():
         return
     pack, unpack = agent.pack, agent.unpack
-    torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
-    agent.hooks_pushed()
+    if agent.owns_thread():  # else the training thread is the first to call backward (claim_thread)
+        torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+        agent.hooks_pushed()
 
     def _ours_on_top():
         top = torch._C._autograd._top_saved_tensors_default_hooks(False)
@@ -23,6 +24,7 @@ def install(torch, agent):
     def _boundary(fn):
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
+            claimed = agent.claim_thread()
             agent.backward_begin()
             # Our hooks step aside while backward runs: the engine copies the thread's hooks stack
             # into every node it runs, and each copy of a Python hook takes the GIL, which backward
@@ -35,8 +37,10 @@ def install(torch, agent):
             try:
                 return fn(*args, **kwargs)
             finally:
-                if stepped:
+                if stepped or claimed:
                     torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+                if claimed:
+                    agent.hooks_pushed()
                 if not agent.backward_end():
                     _drop_hooks()
 

@@ -728,6 +728,29 @@ def test_a_second_thread_running_ops_and_backward_is_left_out_of_the_step(runner
     assert p.stderr.count("on a thread other than the one that imported torch") == 1
 
 
+def test_a_training_function_on_a_thread_of_its_own_is_planned_with_train_thread_backward(runner, plain_runs):
+    # The model is built and trained on a thread that did not import torch (as Ray Train runs
+    # the training function). By default that thread is not observed: one message, naming the
+    # setting that observes it, and plain PyTorch. With MEMPLAN_TRAIN_THREAD=backward the first
+    # thread to call backward trains: its first step runs unobserved (its forward came before),
+    # the next two are profiled and the rest replayed within the budget.
+    extra = ["--train-thread"]
+    stdout, plain_dump = plain_runs("gpt2", extra)
+    p = runner.run(["--model", "gpt2", "--steps", STEPS, "--dump", "agent.pt", *extra], mode="launcher",
+                   env={"MEMPLAN_BUDGET": "50%", "MEMPLAN_WARMUP": 2})
+    assert p.stdout == stdout
+    assert_same_dumps(plain_dump, runner.tmp / "agent.pt")
+    assert p.stderr.count("MEMPLAN_TRAIN_THREAD=backward observes the first thread") == 1, p.stderr
+    assert "planning took" not in p.stderr
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra, env={"MEMPLAN_TRAIN_THREAD": "backward"})
+    assert "thread other than" not in p.stderr
+    assert len(report["replay"]) == 1
+    r = report["replay"][0]
+    assert r["divergences"] == 0 and r["steps"] == STEPS - 3
+    assert r["evicted"] > 0 and r["rebuilt"] == r["evicted"] and r["on_demand"] == 0
+    assert_peaks_as_predicted(report)
+
+
 def test_batches_from_dataloader_workers_in_any_order_leave_the_steps_alike(runner, plain_runs):
     # Two forked DataLoader workers: the main process rebuilds each batch it receives from shared
     # memory (aten::set_, grad mode on) when it receives it, so a step holds the rebuilds of zero,

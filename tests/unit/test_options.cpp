@@ -155,6 +155,7 @@ TEST(ParseOptions, DefaultsWhenUnset) {
   EXPECT_EQ(o.log, LogLevel::Info);
   EXPECT_TRUE(o.summary);
   EXPECT_TRUE(o.nvtx);
+  EXPECT_EQ(o.train_thread, TrainThread::Import);
 }
 
 TEST(ParseOptions, GoodValues) {
@@ -163,7 +164,8 @@ TEST(ParseOptions, GoodValues) {
               {"MEMPLAN_WARMUP", "5"},        {"MEMPLAN_TRACE", "out/t.json"},
               {"MEMPLAN_PROFILE_OUT", "off"}, {"MEMPLAN_PLAN", "p.json"},
               {"MEMPLAN_PLAN_CACHE", "/tmp/c"}, {"MEMPLAN_LOG", "DEBUG"},
-              {"MEMPLAN_SUMMARY", "0"},       {"MEMPLAN_NVTX", "off"}};
+              {"MEMPLAN_SUMMARY", "0"},       {"MEMPLAN_NVTX", "off"},
+              {"MEMPLAN_TRAIN_THREAD", " Backward "}};
   const Options o = env.parse();
   EXPECT_TRUE(env.warnings.empty()) << env.warnings.front();
   EXPECT_TRUE(o.disable);
@@ -177,6 +179,20 @@ TEST(ParseOptions, GoodValues) {
   EXPECT_EQ(o.log, LogLevel::Debug);
   EXPECT_FALSE(o.summary);
   EXPECT_FALSE(o.nvtx);
+  EXPECT_EQ(o.train_thread, TrainThread::FirstBackward);
+}
+
+TEST(ParseOptions, TrainThreadWords) {
+  TrainThread t = TrainThread::FirstBackward;
+  EXPECT_TRUE(parse_train_thread("import", &t));
+  EXPECT_EQ(t, TrainThread::Import);
+  EXPECT_TRUE(parse_train_thread("FIRST-BACKWARD", &t));
+  EXPECT_EQ(t, TrainThread::FirstBackward);
+  for (const char* bad : {"", "main", "backwards", "1"}) {
+    t = TrainThread::Import;
+    EXPECT_FALSE(parse_train_thread(bad, &t)) << bad;
+    EXPECT_EQ(t, TrainThread::Import) << bad;  // untouched
+  }
 }
 
 TEST(ParseOptions, PathsOffAndOn) {
@@ -219,7 +235,8 @@ TEST(ParseOptions, WarningFormat) {
 TEST(ParseOptions, EachBadValueOneWarningAndDefault) {
   const std::map<std::string, std::string> bad = {
       {"MEMPLAN_DISABLE", "maybe"}, {"MEMPLAN_BUDGET", "12XB"}, {"MEMPLAN_WARMUP", "0"},
-      {"MEMPLAN_LOG", "loud"},      {"MEMPLAN_SUMMARY", "2"},   {"MEMPLAN_NVTX", "sometimes"}};
+      {"MEMPLAN_LOG", "loud"},      {"MEMPLAN_SUMMARY", "2"},   {"MEMPLAN_NVTX", "sometimes"},
+      {"MEMPLAN_TRAIN_THREAD", "worker"}};
   const Options defaults;
   for (const auto& [name, value] : bad) {
     Env env;
@@ -242,6 +259,7 @@ TEST(ParseOptions, EachBadValueOneWarningAndDefault) {
     EXPECT_EQ(o.log, defaults.log);
     EXPECT_EQ(o.summary, defaults.summary);
     EXPECT_EQ(o.nvtx, defaults.nvtx);
+    EXPECT_EQ(o.train_thread, defaults.train_thread);
   }
 }
 
@@ -264,7 +282,7 @@ TEST(ParseOptions, NullWarningsAndNullLookup) {
 
 TEST(OptionTable, EveryRowComplete) {
   const auto& t = option_table();
-  EXPECT_EQ(t.size(), 11u);  // one row per MEMPLAN_* option (README and docs/options.md list them)
+  EXPECT_EQ(t.size(), 12u);  // one row per MEMPLAN_* option (README and docs/options.md list them)
   for (const auto& i : t) {
     EXPECT_EQ(std::string(i.name).rfind("MEMPLAN_", 0), 0u);
     EXPECT_STRNE(i.default_text, "");
