@@ -538,16 +538,13 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
   r.random = r.random || random;
   if (r.random) {
     if (r.rng.empty()) {
-      c10::Device dev(c10::kCPU);
-      for (const auto& a : r.args) {
-        for (const auto& s : a.tensors) {
-          if (s.kind == TensorSource::Kind::External && s.external.defined()) dev = s.external.device();
-        }
-      }
-      // The op's tensors decide the default generator; a CPU default covers CPU dropout.
-      r.rng.emplace_back(at::globalContext().defaultGenerator(dev.is_cuda() ? dev : c10::Device(c10::kCPU)),
-                         at::Tensor());
-      if (!dev.is_cpu()) r.rng.emplace_back(at::detail::getDefaultCPUGenerator(), at::Tensor());
+      // The op's tensors decide the default generator (not only those from outside the step: a
+      // dropout's input is the step's own); a CPU default covers CPU dropout.
+      const c10::Device dev = rng_device(inputs);
+      // A CUDA op's re-run keeps the CPU generator's state too (an op may draw on both); each
+      // generator once, or RerunState would put back the recipe's state instead of the user's.
+      if (dev.is_cuda()) r.rng.emplace_back(at::globalContext().defaultGenerator(dev), at::Tensor());
+      r.rng.emplace_back(at::detail::getDefaultCPUGenerator(), at::Tensor());
     }
     for (auto& [gen, state] : r.rng) {
       at::Generator g = gen;

@@ -13,6 +13,8 @@
 
 #include <optional>
 
+#include "profiler/tensor_args.h"
+
 namespace memplan {
 
 // Cost: one dispatcher lookup by name (a hash map read under the dispatcher's lock); called once
@@ -24,6 +26,25 @@ inline std::optional<c10::OperatorHandle> rerun_handle(const at::RecordFunction&
   if (!op || !op->hasSchema()) return std::nullopt;
   if (fn.inputs().size() != op->schema().arguments().size()) return std::nullopt;  // kwarg-only oddities
   return op;
+}
+
+// The device whose default generator a re-run of a random op draws from, so whose state the
+// recipe keeps: the first tensor argument not on the CPU, else a Device argument not on the CPU
+// (`randn(size, device=...)`), else the CPU. A dropout's input is made in the step: on a GPU it is
+// a CUDA tensor, and the CUDA generator's Philox seed and offset are what make the re-run draw the
+// same mask. Cost: one pass over the arguments, once per random op's recipe.
+inline c10::Device rng_device(c10::ArrayRef<c10::IValue> inputs) {
+  std::optional<c10::Device> dev;
+  for (const c10::IValue& iv : inputs) {
+    for_each_tensor(iv, [&](const at::Tensor& t) {
+      if (!dev && !t.device().is_cpu()) dev = t.device();
+    });
+    if (dev) return *dev;
+  }
+  for (const c10::IValue& iv : inputs) {
+    if (iv.isDevice() && !iv.toDevice().is_cpu()) return iv.toDevice();
+  }
+  return c10::Device(c10::kCPU);
 }
 
 }  // namespace memplan
