@@ -106,10 +106,16 @@ bool any_input(const at::RecordFunction& fn, Pred pred) {
   return any;
 }
 
-// Which allocator accounts the step: CUDA's if its first op reads any CUDA tensor (an op mixing
-// devices reads a CPU scalar or index beside CUDA tensors, never the other way round).
-bool reads_cuda(const at::RecordFunction& fn) {
-  return any_input(fn, [](const at::Tensor& t) { return t.device().is_cuda(); });
+// The device index of the step's first op's first CUDA input, or -1: which allocator accounts the
+// step (CUDA's if that op reads any CUDA tensor: an op mixing devices reads a CPU scalar or index
+// beside CUDA tensors, never the other way round), and the device its kernels are timed on.
+int first_cuda_device(const at::RecordFunction& fn) {
+  int device = -1;
+  any_input(fn, [&](const at::Tensor& t) {
+    if (t.device().is_cuda()) device = t.device().index();
+    return t.device().is_cuda();
+  });
+  return device;
 }
 
 // Whether the op reads a tensor that requires grad: only such an op can make an autograd node or
@@ -143,7 +149,8 @@ bool Agent::boot() {
   if (opt.train_thread == TrainThread::Import) owner_.store(at::RecordFunction::currentThreadId());
   set_nvtx_enabled(opt.nvtx);
   if (!install_cpu_allocator()) warn("CPU allocator wrapper not installed; CPU memory is not accounted");
-  attach_cuda_tracker();
+  // The CUDA tracker attaches at the first step on a GPU (begin of op_start's step): CUDA is not
+  // initialised yet here, and must not be (forked children could not use it).
   const int rank = env_rank(), world = env_world_size();
   profile_path_ = opt.profile_out.empty() ? "" : rank_path(opt.profile_out, rank, world);
   trace_path_ = opt.trace.empty() ? "" : rank_path(opt.trace, rank, world);
@@ -211,11 +218,22 @@ void Agent::op_start(const at::RecordFunction& fn) {
   if (!recorder_.in_step() && !reads_grad(fn)) return;
   OverheadTimer timer(&recorder_);
   if (!recorder_.in_step()) {
-    const bool cuda = reads_cuda(fn) && cuda_memory().active();
+    const int cuda_device = first_cuda_device(fn);
+    const bool cuda = cuda_device >= 0;
+    if (cuda && !cuda_memory().active() && !attach_cuda_tracker()) {
+      // The step's memory is on a GPU whose allocator tells us nothing: no plan could be
+      // checked. Plain PyTorch from this step's end (backward_end).
+      if (!cuda_unmeasured_) {
+        cuda_unmeasured_ = true;
+        warn("the CUDA allocator takes no trace tracker (PYTORCH_CUDA_ALLOC_CONF backend:cudaMallocAsync?), so "
+             "GPU memory cannot be measured: memplan runs plain PyTorch");
+      }
+      return;
+    }
     recorder_.set_memory(cuda ? &cuda_memory() : &cpu_memory());
     step_device_ = cuda ? "cuda" : "cpu";
     begin_step(fn);
-    timing_device_ = choice_.profile && cuda && device_timer_.begin_step();
+    timing_device_ = choice_.profile && cuda && device_timer_.begin_step(cuda_device);
   }
   if (choice_.profile) nvtx::range_push(fn.name());
   recorder_.op_start(fn);
@@ -535,6 +553,7 @@ bool Agent::backward_end() {
     end_step(std::move(p));
   }
   ++steps_;
+  if (cuda_unmeasured_ && phase_ != Phase::Done) stop_observing();
   return phase_ != Phase::Done;
 }
 

@@ -136,6 +136,7 @@ class Agent final : public OpSink {
   bool inert_ = false;
   bool finished_ = false;
   int64_t steps_ = 0;             // completed steps (backward returned)
+  bool cuda_unmeasured_ = false;  // a step on a GPU whose memory cannot be measured: stop
   int backward_depth_ = 0;        // nested torch.autograd.backward/grad calls
   Recorder recorder_;
   std::vector<Profile> profiles_; // steps recorded whole (warm-up, and each new kind's)

@@ -5,7 +5,12 @@
 
 namespace memplan {
 
-// Attaches once; false when torch has no CUDA or no device is present.
+// Attaches once, and starts cuda_memory() from what the devices hold already. Only once CUDA is
+// initialised (a CUDA tensor exists): the caching allocator makes its per-device allocators at
+// CUDA's lazy init, each keeps its own trackers, and attaching earlier attaches to none. Never
+// initialises CUDA itself (that would break CUDA in forked children). False when torch has no
+// CUDA, CUDA is not initialised yet, or the allocator backend takes no tracker
+// (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync).
 bool attach_cuda_tracker();
 
 }  // namespace memplan

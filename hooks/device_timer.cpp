@@ -162,7 +162,13 @@ bool DeviceTimer::end_step(std::vector<double>* cupti_us, std::vector<double>* e
   }
   if (!cupti_ && !events_) return false;
   // CUPTI writes a kernel's record only once it has run; events need their end reached.
-  if (device_ >= 0) cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  if (device_ >= 0) {  // the step's device, which need not be the current one
+    int prev = -1;
+    const bool switch_device = cuda_ok(cudaGetDevice(&prev), "cudaGetDevice") && prev != device_;
+    if (switch_device) cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    if (switch_device) cudaSetDevice(prev);
+  }
   if (cupti_) finish_cupti(cupti_us, bwd_cupti_us);
   open_.clear();
   if (events_) finish_events(event_us, bwd_event_us);

@@ -19,6 +19,12 @@ class MemoryCounter {
     allocs_.fetch_add(1, std::memory_order_relaxed);
   }
   void on_free(int64_t bytes) { live_.fetch_sub(bytes, std::memory_order_relaxed); }
+  // Bytes already allocated when the source attached, which reports only later events.
+  void start_from(int64_t bytes) {
+    const int64_t now = live_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    raise(peak_, now);
+    raise(window_peak_, now);
+  }
 
   int64_t live() const { return live_.load(std::memory_order_relaxed); }
   int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
