@@ -382,8 +382,23 @@ bool Agent::foreign_node(const at::RecordFunction& fn) const {
   return fn.forwardThreadId() != 0 && fn.forwardThreadId() != owner_.load(std::memory_order_relaxed);
 }
 
+// This backward's nodes run on one thread: the calling thread on the CPU, a device's engine
+// thread on a GPU. When a graph has nodes on two devices (the CPU and a GPU, or two GPUs), the
+// engine runs them on two threads at once, and the recorder and the replayer, written from both,
+// would race. Only the first thread's callbacks go on; the step is dropped at its end and memplan
+// stops (backward_end). Cost: a TLS read and a relaxed load; one CAS per backward.
+bool Agent::on_node_thread() {
+  const uint64_t me = at::RecordFunction::currentThreadId();
+  uint64_t first = node_thread_.load(std::memory_order_relaxed);
+  if (first == me) return true;
+  if (first == 0 && node_thread_.compare_exchange_strong(first, me)) return true;
+  split_backward_.store(true, std::memory_order_relaxed);
+  return false;
+}
+
 void Agent::node_start(const at::RecordFunction& fn) {
   if (foreign_node(fn) || inert_ || !recording() || !recorder_.in_step() || backward_depth_ == 0) return;
+  if (!on_node_thread()) return;
   OverheadTimer timer(&recorder_);
   const int64_t before = recorder_.current_node();
   recorder_.node_start(fn);
@@ -395,6 +410,7 @@ void Agent::node_start(const at::RecordFunction& fn) {
 
 void Agent::node_end(const at::RecordFunction& fn) {
   if (foreign_node(fn) || inert_ || !recording() || !recorder_.in_step() || backward_depth_ == 0) return;
+  if (!on_node_thread()) return;
   OverheadTimer timer(&recorder_);
   // Ignored when that node is not open (the engine wrapper's end comes after the node's).
   if (timing_device_ && recorder_.current_node() >= 0) device_timer_.op_end(backward_op_id(recorder_.current_node()));
@@ -433,7 +449,8 @@ at::Tensor Agent::unpack(const Saved& h) {
     const uint32_t now = s.counter.current_version();
     if (now != s.version) throw std::runtime_error(inplace_error_message(s, now));
   }
-  if (s.value >= 0 && s.step == steps_ && recording() && recorder_.in_step()) {
+  if (s.value >= 0 && s.step == steps_ && recording() && recorder_.in_step() &&
+      (backward_depth_ == 0 || on_node_thread())) {
     OverheadTimer timer(&recorder_);
     recorder_.on_unpack(s.value);
   }
@@ -504,6 +521,7 @@ void Agent::backward_begin() {
     return;
   }
   ++backward_depth_;
+  node_thread_.store(0, std::memory_order_relaxed);  // no node of this backward has run yet
   restore_pack_hooks();  // a backward inside a forward op (a Python-kernel custom op)
   if (!undecided_.empty()) decide_kind(undecided_.front());  // the forward ran alike for them all
   // Forward ops are ignored during backward (op_start): stop the dispatcher boxing the arguments
@@ -538,6 +556,13 @@ bool Agent::backward_end() {
     }
   }
   last_backward_end_ = now;
+  if (split_backward_.load(std::memory_order_relaxed) && phase_ != Phase::Done) {
+    // The engine is done: no node callback runs any more. The step's record misses the other
+    // thread's nodes, so it is dropped, and no later step is safe to observe either.
+    warn("the nodes of one backward ran on two threads (a graph with nodes on the CPU and a GPU, or on two "
+         "GPUs): memplan plans no such step and runs plain PyTorch from here");
+    stop_observing();
+  }
   if (recording() && recorder_.in_step()) {
     Profile p = recorder_.end_step();
     if (replayer_) p.overhead_us += static_cast<double>(replayer_->take_hook_ns()) / 1000.0;

@@ -137,6 +137,11 @@ class Agent final : public OpSink {
   bool finished_ = false;
   int64_t steps_ = 0;             // completed steps (backward returned)
   bool cuda_unmeasured_ = false;  // a step on a GPU whose memory cannot be measured: stop
+  // The thread running this backward's nodes (the first one seen; on_node_thread), and whether a
+  // node ran on another thread meanwhile (stop at the step's end).
+  std::atomic<uint64_t> node_thread_{0};
+  std::atomic<bool> split_backward_{false};
+  bool on_node_thread();
   int backward_depth_ = 0;        // nested torch.autograd.backward/grad calls
   Recorder recorder_;
   std::vector<Profile> profiles_; // steps recorded whole (warm-up, and each new kind's)

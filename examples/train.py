@@ -91,6 +91,9 @@ def parse():
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
     p.add_argument("--side-thread", action="store_true",
                    help="a thread running tensor ops and its own small backward beside training")
+    p.add_argument("--backward-on-two-threads", action="store_true",
+                   help="the loss's backward runs a second graph's backward on another thread (as a graph "
+                        "with nodes on the CPU and a GPU runs them on two engine threads)")
     p.add_argument("--train-thread", action="store_true",
                    help="build the model and train on a thread of its own, as Ray Train runs the training function")
     p.add_argument("--dump", help="torch.save losses, every gradient and every buffer of every step here")
@@ -164,6 +167,27 @@ def memory_peak(prof):
             cur += e.nbytes()
             peak = max(peak, cur)
     return peak
+
+
+class BackwardOnAnotherThread(torch.autograd.Function):
+    """Identity on the loss, whose backward runs the backward of a second graph (built here, by
+    the training thread) on a new thread and waits for it: nodes of the training thread's graphs
+    run on two threads, as the autograd engine runs a graph with nodes on the CPU and on a GPU."""
+
+    @staticmethod
+    def forward(ctx, loss, w):
+        with torch.enable_grad():
+            ctx.aux = (w * 2.0).tanh().sum()
+        return loss.view_as(loss)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import threading
+
+        t = threading.Thread(target=ctx.aux.backward)
+        t.start()
+        t.join()
+        return grad, None
 
 
 def start_side_thread():
@@ -279,6 +303,7 @@ def main():
                                        num_workers=args.workers)
     it = iter(data)
     side = start_side_thread() if args.side_thread else None
+    aux_w = torch.ones(8, requires_grad=True)  # --backward-on-two-threads: its own little graph
     record = {"loss": [], "grads": [], "buffers": []}
     logged = []
     times = []
@@ -332,6 +357,8 @@ def main():
                     loss = torch.nn.functional.cross_entropy(out[keep], y[keep]) / args.accum
                 else:
                     loss = models.loss_fn(args.model, out, y) / args.accum
+            if args.backward_on_two_threads:
+                loss = BackwardOnAnotherThread.apply(loss, aux_w)
             if args.inplace_error and step == 1:
                 # exp saves its result; modifying it in place must fail in backward
                 h = (out[0] if isinstance(out, tuple) else out).exp()

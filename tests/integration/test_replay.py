@@ -751,6 +751,18 @@ def test_a_training_function_on_a_thread_of_its_own_is_planned_with_train_thread
     assert_peaks_as_predicted(report)
 
 
+def test_a_backward_whose_nodes_run_on_two_threads_is_left_to_pytorch(runner, plain_runs):
+    # A graph with nodes on the CPU and on a GPU (or on two GPUs) has the autograd engine run
+    # them on two threads at once; the recorder and the replayer, written from both, would race.
+    # Here (no GPU) the loss's backward runs another graph of the step's on a second thread. Only
+    # the first thread's node callbacks go on; at the step's end its record is dropped (it misses
+    # the other thread's nodes), one message, and plain PyTorch from there.
+    extra = ["--backward-on-two-threads"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    assert p.stderr.count("the nodes of one backward ran on two threads") == 1, p.stderr
+    assert "planning took" not in p.stderr and not report["replay"]
+
+
 def test_batches_from_dataloader_workers_in_any_order_leave_the_steps_alike(runner, plain_runs):
     # Two forked DataLoader workers: the main process rebuilds each batch it receives from shared
     # memory (aten::set_, grad mode on) when it receives it, so a step holds the rebuilds of zero,
