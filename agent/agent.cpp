@@ -478,14 +478,22 @@ void Agent::restore_pack_hooks() {
   packs_off_ = false;
 }
 
+// The training thread, or while its backward runs, the thread running that backward's nodes: on
+// a GPU a post-accumulate-grad hook's optimizer step runs on the engine's device thread.
+bool Agent::on_training_thread() const {
+  const uint64_t me = at::RecordFunction::currentThreadId();
+  return me == owner_.load(std::memory_order_relaxed) ||
+         (backward_depth_ > 0 && me == node_thread_.load(std::memory_order_relaxed));
+}
+
 void Agent::optimizer_step_begin(bool differentiable) {
-  if (inert_ || !on_owner_thread() || differentiable || phase_ == Phase::Done) return;
+  if (inert_ || !on_training_thread() || differentiable || phase_ == Phase::Done) return;
   quiet_ops_begin();
   opt_live_before_ = recording() && recorder_.in_step() ? recorder_.live() : -1;
 }
 
 void Agent::optimizer_step_end() {
-  if (!on_owner_thread()) return;
+  if (!on_training_thread()) return;
   // State the optimizer kept (made lazily by its first step: SGD's momentum, Adam's moments) is
   // no activation of the step whose window the step fell in: without this, a script that runs an
   // op reading a tensor that requires grad between backward and the optimizer step (copying its

@@ -142,6 +142,7 @@ class Agent final : public OpSink {
   std::atomic<uint64_t> node_thread_{0};
   std::atomic<bool> split_backward_{false};
   bool on_node_thread();
+  bool on_training_thread() const;  // cost: a TLS read and two relaxed loads
   int backward_depth_ = 0;        // nested torch.autograd.backward/grad calls
   Recorder recorder_;
   std::vector<Profile> profiles_; // steps recorded whole (warm-up, and each new kind's)
