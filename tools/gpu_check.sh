@@ -13,6 +13,11 @@
 # a timeout so the whole stays under 7 minutes. Results also land in $OUT (build.log, run.log,
 # profile.json, table.txt, trace.json, replay.txt).
 #
+# Read first when it runs (the CUDA paths have never run on a GPU; README "GPU"): the table's
+# agent step peak against torch.cuda.max_memory_allocated (the tracker attaches at the first GPU
+# step, from the bytes already held; 0 would mean it saw nothing), and the replay table's
+# "identical" column (a dropout's re-run restores the CUDA generator).
+#
 # CPU fallbacks, to test the script without a GPU:
 #   --cpu            run the model on the CPU (no GPU numbers; checks the run and the table)
 #   --no-build DIR   use an existing build (e.g. /tmp/b0) instead of building
