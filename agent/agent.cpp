@@ -220,15 +220,16 @@ void Agent::op_start(const at::RecordFunction& fn) {
   if (!recorder_.in_step()) {
     const int cuda_device = first_cuda_device(fn);
     const bool cuda = cuda_device >= 0;
-    if (cuda && !cuda_memory().active() && !attach_cuda_tracker()) {
+    if (cuda && !cuda_memory().active()) {
       // The step's memory is on a GPU whose allocator tells us nothing: no plan could be
-      // checked. Plain PyTorch from this step's end (backward_end).
-      if (!cuda_unmeasured_) {
+      // checked. Plain PyTorch from this step's end (backward_end). Tried once: the step's
+      // later ops come here too, and a failed attach throws inside.
+      if (!cuda_unmeasured_ && !attach_cuda_tracker()) {
         cuda_unmeasured_ = true;
         warn("the CUDA allocator takes no trace tracker (PYTORCH_CUDA_ALLOC_CONF backend:cudaMallocAsync?), so "
              "GPU memory cannot be measured: memplan runs plain PyTorch");
       }
-      return;
+      if (cuda_unmeasured_) return;
     }
     recorder_.set_memory(cuda ? &cuda_memory() : &cpu_memory());
     step_device_ = cuda ? "cuda" : "cpu";
@@ -564,11 +565,15 @@ bool Agent::backward_end() {
     }
   }
   last_backward_end_ = now;
-  if (split_backward_.load(std::memory_order_relaxed) && phase_ != Phase::Done) {
-    // The engine is done: no node callback runs any more. The step's record misses the other
-    // thread's nodes, so it is dropped, and no later step is safe to observe either.
-    warn("the nodes of one backward ran on two threads (a graph with nodes on the CPU and a GPU, or on two "
-         "GPUs): memplan plans no such step and runs plain PyTorch from here");
+  const bool split = split_backward_.load(std::memory_order_relaxed);
+  if ((split || cuda_unmeasured_) && phase_ != Phase::Done) {
+    // Split: the engine is done, no node callback runs any more; the step's record misses the
+    // other thread's nodes, so it is dropped, and no later step is safe to observe either.
+    // Unmeasured (said in op_start): this step was never recorded.
+    if (split) {
+      warn("the nodes of one backward ran on two threads (a graph with nodes on the CPU and a GPU, or on two "
+           "GPUs): memplan plans no such step and runs plain PyTorch from here");
+    }
     stop_observing();
   }
   if (recording() && recorder_.in_step()) {
@@ -586,7 +591,6 @@ bool Agent::backward_end() {
     end_step(std::move(p));
   }
   ++steps_;
-  if (cuda_unmeasured_ && phase_ != Phase::Done) stop_observing();
   return phase_ != Phase::Done;
 }
 
