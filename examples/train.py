@@ -303,7 +303,8 @@ def main():
                                        num_workers=args.workers)
     it = iter(data)
     side = start_side_thread() if args.side_thread else None
-    aux_w = torch.ones(8, requires_grad=True)  # --backward-on-two-threads: its own little graph
+    # --backward-on-two-threads: the leaf of its own little graph
+    aux_w = torch.ones(8, requires_grad=True) if args.backward_on_two_threads else None
     record = {"loss": [], "grads": [], "buffers": []}
     logged = []
     times = []
