@@ -23,6 +23,7 @@
 #include "hooks/cpu_allocator.h"
 #include "hooks/cuda_tracker.h"
 #include "profiler/bytes.h"
+#include "profiler/kernel_times.h"
 #include "profiler/nvtx_ranges.h"
 #include "profiler/op_hash.h"
 #include "profiler/profile_io.h"
@@ -82,17 +83,6 @@ std::string inplace_error_message(const SavedState& s, uint32_t now) {
     << " instead. Hint: enable anomaly detection to find the operation that failed to compute its "
        "gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).";
   return m.str();
-}
-
-// CUPTI kernel time is the op's cost when measured, else the CUDA-event time, else CPU time.
-void apply_device_times(std::vector<Op>* ops, const std::vector<double>& cupti, const std::vector<double>& events) {
-  for (size_t i = 0; i < ops->size(); ++i) {
-    Op& op = (*ops)[i];
-    if (i < cupti.size()) op.cupti_us = cupti[i];
-    if (i < events.size()) op.event_us = events[i];
-    if (op.cupti_us >= 0) op.time_us = op.cupti_us;
-    else if (op.event_us >= 0) op.time_us = op.event_us;
-  }
 }
 
 // Whether any tensor argument of the op (lists included) satisfies `pred`. Cost: one scan of the

@@ -247,11 +247,12 @@ ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 
 
 def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
-          noisy_op=False, detached_side=False, custom_gelu=False):
+          noisy_op=False, detached_side=False, custom_gelu=False, width=0, layers=0, seq=64):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024, detached_side=detached_side)
     if name == "gpt2":
-        m = GPT2(layers=2 if small else 4, d=64 if small else 128)
+        d = width or (64 if small else 128)
+        m = GPT2(layers=layers or (2 if small else 4), d=d, heads=max(4, d // 64), seq=seq)
         if shift_buffer:
             m.register_buffer("shift", torch.zeros(m.tok.embedding_dim))
             m.shift_mode = shift_buffer if isinstance(shift_buffer, str) else "early"

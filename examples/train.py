@@ -24,6 +24,11 @@ def parse():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--small", action="store_true")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--width", type=int, default=0,
+                   help="GPT-2: model width (default 128; heads: width/64, at least 4); with --layers and "
+                        "--seq, a size where a GPU's kernels, not its launches, take the step's time")
+    p.add_argument("--layers", type=int, default=0, help="GPT-2: number of blocks (default 4)")
+    p.add_argument("--seq", type=int, default=64, help="GPT-2: sequence length (and position table size)")
     p.add_argument("--accum", type=int, default=1, help="forward/backward passes per optimizer step")
     p.add_argument("--eval-every", type=int, default=0, help="a torch.no_grad() eval pass every N steps")
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around each GPT-2 block")
@@ -225,7 +230,7 @@ class Loader(torch.utils.data.Dataset):
         if self.args.seq_random:
             lengths = [int(n) for n in self.args.seq_random.split(",")]
             seq = lengths[random.Random(1000 + i).randrange(len(lengths))]
-        return models.make_batch(self.name, i, batch=self.args.batch, seq_len=seq)
+        return models.make_batch(self.name, i, batch=self.args.batch, seq=self.args.seq, seq_len=seq)
 
 
 def release_after_forward(w, module):
@@ -263,7 +268,8 @@ def main():
     model = models.build(args.model, small=args.small, shift_buffer=args.shift_buffer,
                          hardswish=args.hardswish, stochastic_depth=args.stochastic_depth,
                          sdpa=args.sdpa, noisy_op=args.noisy_op,
-                         detached_side=args.detached_side, custom_gelu=args.custom_gelu).to(args.device)
+                         detached_side=args.detached_side, custom_gelu=args.custom_gelu,
+                         width=args.width, layers=args.layers, seq=args.seq).to(args.device)
     if args.distributed and args.fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -424,7 +430,7 @@ def main():
                            if p.grad is not None])
         if args.eval_every and step % args.eval_every == 0:
             with torch.no_grad():
-                x, _ = models.make_batch(args.model, 10_000 + step, batch=args.batch)
+                x, _ = models.make_batch(args.model, 10_000 + step, batch=args.batch, seq=args.seq)
                 model(x.to(args.device))
         times.append(time.perf_counter() - t0)
         print(f"step {step} loss {total!r}", flush=True)

@@ -53,4 +53,14 @@ std::unordered_map<uint64_t, double> device_us_by_op(const std::vector<KernelRec
   return us;
 }
 
+void apply_device_times(std::vector<Op>* ops, const std::vector<double>& cupti, const std::vector<double>& events) {
+  for (size_t i = 0; i < ops->size(); ++i) {
+    Op& op = (*ops)[i];
+    if (i < cupti.size()) op.cupti_us = cupti[i];
+    if (i < events.size()) op.event_us = events[i];
+    const double device = op.cupti_us >= 0 ? op.cupti_us : op.event_us;
+    if (device >= 0) op.time_us = std::max(device, op.cpu_us);
+  }
+}
+
 }  // namespace memplan

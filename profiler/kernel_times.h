@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "profiler/profile.h"
+
 namespace memplan {
 
 // One kernel execution as the tracer saw it. Timestamps are the device's (ns), only their
@@ -68,5 +70,15 @@ struct KernelJoinStats {
 std::unordered_map<uint64_t, double> device_us_by_op(const std::vector<KernelRecord>& kernels,
                                                      const std::vector<ExternalCorrelation>& corr,
                                                      KernelJoinStats* stats = nullptr);
+
+// Sets each op's planner cost (Op::time_us) from its device times, index for index: the op's
+// device time is its CUPTI kernel time when measured (>= 0), else its CUDA-event time, else
+// unknown (the op keeps its CPU time). Its cost is the longer of its device time and its CPU time
+// (Op::cpu_us): a re-run goes no faster than the host can launch it nor than the device can run
+// it. Kernel time alone would price a launch-bound step's re-runs at a fraction of what they take
+// (a few microseconds of kernel behind tens of dispatch), and steer the planner to re-run many
+// small ops; where the device is the bottleneck, its kernels are the longer part anyway. Ops past
+// the vectors' ends are left as they are.
+void apply_device_times(std::vector<Op>* ops, const std::vector<double>& cupti, const std::vector<double>& events);
 
 }  // namespace memplan

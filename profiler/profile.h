@@ -45,8 +45,9 @@ struct Op {
                                     // (a value saved twice appears twice)
   int64_t fwd_op = -1;              // backward nodes: index of the forward op that created it
   double start_us = 0;              // since step start, monotonic clock
-  double time_us = 0;               // the op's cost the planner uses: CPU wall time on CPU;
-                                    // on CUDA the device time (CUPTI, else CUDA events)
+  double time_us = 0;               // the op's cost the planner uses: CPU wall time on CPU; on
+                                    // CUDA the longer of that and its device time (CUPTI, else
+                                    // CUDA events; apply_device_times in kernel_times.h)
   double cpu_us = -1;               // CPU wall time (-1 = not measured)
   double cupti_us = -1;             // sum of its kernels' durations from CUPTI (-1 = not measured)
   double event_us = -1;             // CUDA-event elapsed time around the op (-1 = not measured)

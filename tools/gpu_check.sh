@@ -4,14 +4,15 @@
 # profile_check.py, MEMPLAN_WARMUP=2) and prints, last, a table of per-op CUPTI vs CUDA-event
 # times (top 10) and the agent's step peak vs torch.cuda.max_memory_allocated; then the replay
 # benchmark of the GPT-2 demo on the device (issue 4's targets: overhead at 50% and 33%, peaks,
-# bit-identical results), bench/replay_bench.py, budgets 100/50/33%.
+# bit-identical results), bench/replay_bench.py, budgets 100/50/33%; then the same at GPT-2-small
+# width (device-bound, where the launch-bound demo is not), budgets 50/33%.
 #
 # Prepare once here: tools/gpu_prepare.sh (fills the ignored .gpu-deps/: fmt, nlohmann-json,
 # CBC, pkgconf unpacked from Debian packages). Then, as one device call:
-#   run(command="bash tools/gpu_check.sh", carry=[".gpu-deps"], timeout_s=420)
-# Budget: configure ~20 s, build ~1-3 min on 16 cores, run ~30 s, replay ~1-2 min; each phase has
-# a timeout so the whole stays under 7 minutes. Results also land in $OUT (build.log, run.log,
-# profile.json, table.txt, trace.json, replay.txt).
+#   run(command="bash tools/gpu_check.sh", carry=[".gpu-deps"], timeout_s=590)
+# Budget: configure ~20 s, build ~1-3 min on 16 cores, run ~30 s, replay ~1-2 min, large replay
+# ~1-2 min (skipped after 420 s); each phase has a timeout, and what is done lands in $OUT as it
+# goes (build.log, run.log, profile.json, table.txt, trace.json, replay.txt, replay_large.txt).
 #
 # Read first when it runs (the CUDA paths have never run on a GPU; README "GPU"): the table's
 # agent step peak against torch.cuda.max_memory_allocated (the tracker attaches at the first GPU
@@ -121,6 +122,23 @@ step replay
 # Plain vs MEMPLAN_BUDGET on the same device, interleaved; a failure here keeps the table above.
 echo
 echo "================ memplan replay ($device): GPT-2 demo, batch 32 ================"
-MEMPLAN_BUILD="$build" timeout 300 "$py" "$root/bench/replay_bench.py" --models gpt2 --steps 12 \
+MEMPLAN_BUILD="$build" timeout 200 "$py" "$root/bench/replay_bench.py" --models gpt2 --steps 12 \
   --budgets 100%,50%,33% --train-args "--device $device --batch 32" 2>&1 | tee "$out/replay.txt" ||
   echo "gpu_check: the replay benchmark failed (see $out/replay.txt)"
+
+step replay-large
+# The same model at GPT-2-small width (768, 12 heads, 8 blocks, 256 tokens, batch 16): on the
+# GPU its kernels, not its launches, take the step's time, as in a model that does not fit. The
+# batch-32 demo above is launch-bound there (kernels of a few microseconds), so its overhead is
+# mostly the host's. Skipped when the call's time is nearly spent; on the CPU, a smaller size.
+large="--width 768 --layers 8 --seq 256 --batch 16"
+[[ $device == cpu ]] && large="--width 256 --layers 2 --seq 128 --batch 8"
+if ((SECONDS - t0 < 420)); then
+  echo
+  echo "================ memplan replay ($device): GPT-2 demo, $large ================"
+  MEMPLAN_BUILD="$build" timeout 150 "$py" "$root/bench/replay_bench.py" --models gpt2 --steps 10 \
+    --budgets 50%,33% --train-args "--device $device $large" 2>&1 | tee "$out/replay_large.txt" ||
+    echo "gpu_check: the large replay benchmark failed (see $out/replay_large.txt)"
+else
+  echo "gpu_check: $((SECONDS - t0)) s spent, the large replay is skipped"
+fi

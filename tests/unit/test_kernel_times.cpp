@@ -137,5 +137,30 @@ TEST(KernelTimes, ThroughTheSeam) {
   EXPECT_EQ(st.unmatched, 1);
 }
 
+Op timed(double cpu_us) {
+  Op op;
+  op.time_us = op.cpu_us = cpu_us;
+  return op;
+}
+
+// An op's cost is the longer of its launch and its kernels: a launch-bound op costs its CPU time,
+// a device-bound one its kernel time; CUPTI is preferred to events; unmeasured ops keep CPU time.
+TEST(ApplyDeviceTimes, TheLongerOfHostAndDevice) {
+  std::vector<Op> ops = {timed(10), timed(10), timed(10), timed(10), timed(10), timed(10)};
+  const std::vector<double> cupti = {3, 40, -1, -1, 0};   // the 6th op has no entry at all
+  const std::vector<double> events = {50, 5, 25, -1, -1};
+  apply_device_times(&ops, cupti, events);
+  EXPECT_DOUBLE_EQ(ops[0].time_us, 10);  // kernel 3 µs behind a 10 µs launch (not the event's 50)
+  EXPECT_DOUBLE_EQ(ops[1].time_us, 40);  // kernel longer than its launch
+  EXPECT_DOUBLE_EQ(ops[2].time_us, 25);  // no CUPTI record: the event time
+  EXPECT_DOUBLE_EQ(ops[3].time_us, 10);  // neither measured: CPU time
+  EXPECT_DOUBLE_EQ(ops[4].time_us, 10);  // no kernel (a view): its launch
+  EXPECT_DOUBLE_EQ(ops[5].time_us, 10);
+  EXPECT_DOUBLE_EQ(ops[1].cupti_us, 40);
+  EXPECT_DOUBLE_EQ(ops[2].event_us, 25);
+  EXPECT_DOUBLE_EQ(ops[5].cupti_us, -1);
+  EXPECT_DOUBLE_EQ(ops[1].cpu_us, 10);  // the CPU time itself is kept
+}
+
 }  // namespace
 }  // namespace memplan
