@@ -266,6 +266,8 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan)
   value_bytes_.reserve(profile.values.size());
   for (const Value& v : profile.values) value_bytes_.push_back(v.bytes);
   output_values_.resize(n);
+  opaque_.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) opaque_[i] = profile.forward[i].rerunnable ? 0 : 1;
   pack_values_.resize(n);
   wants_packs_.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
@@ -588,7 +590,10 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, ui
     pending_.clear();
     return;
   }
-  // Outputs become slots, in the order of the returned stack (lists flattened).
+  // Outputs become slots, in the order of the returned stack (lists flattened). An opaque op's
+  // (see opaque_) are found by no lookup: a reader's recipe takes them as from outside the step.
+  // After a divergence the profile no longer says which op this is: every op's outputs are slots.
+  const bool opaque = !diverged_ && static_cast<size_t>(op) < opaque_.size() && opaque_[op];
   std::vector<Slot>& outs = slots_[op];
   outs.clear();
   std::vector<at::Tensor> out_tensors;
@@ -613,8 +618,10 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, ui
         s.offset = t.storage_offset();
         s.options = t.options();
       }
-      slot_by_impl_[t.unsafeGetTensorImpl()] = {op, static_cast<int64_t>(k)};
-      if (t.has_storage()) slot_by_storage_[t.storage().unsafeGetStorageImpl()] = {op, static_cast<int64_t>(k)};
+      if (!opaque) {
+        slot_by_impl_[t.unsafeGetTensorImpl()] = {op, static_cast<int64_t>(k)};
+        if (t.has_storage()) slot_by_storage_[t.storage().unsafeGetStorageImpl()] = {op, static_cast<int64_t>(k)};
+      }
     }
     outs.push_back(std::move(s));
   }

@@ -230,6 +230,11 @@ class Replayer {
   int64_t hook_ns_ = 0;
   std::vector<int64_t> value_bytes_;                          // per profile value
   std::vector<std::vector<int64_t>> output_values_;           // per fwd op: value of each output
+  // per fwd op: Op::rerunnable false (a Python autograd.Function, a nondeterministic kernel). Its
+  // outputs become no slots: a recipe that reads one holds it as it holds an input from before
+  // the step, to the step's end (planner Graph::unseen, which the simulator counts), instead of
+  // finding it unrebuildable.
+  std::vector<char> opaque_;
   std::vector<std::vector<int64_t>> pack_values_;             // per fwd op: value of each pack
   std::vector<char> wants_packs_;                             // per fwd op
   std::vector<std::vector<char>> written_input_;  // per fwd op, per input tensor: Value::written

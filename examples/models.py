@@ -113,6 +113,10 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(dropout))
 
     def forward(self, x):
+        if getattr(self, "index_copy", False):
+            # An identity through index_copy, an op PyTorch lists as nondeterministic (writes in no
+            # set order) unless deterministic algorithms are on; layer_norm saves its result.
+            x = torch.zeros_like(x).index_copy(1, torch.arange(x.size(1), device=x.device), x)
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -247,7 +251,7 @@ ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 
 
 def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
-          noisy_op=False, detached_side=False, custom_gelu=False, width=0, layers=0, seq=64):
+          noisy_op=False, detached_side=False, custom_gelu=False, width=0, layers=0, seq=64, index_copy=False):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024, detached_side=detached_side)
     if name == "gpt2":
@@ -259,6 +263,7 @@ def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_dep
         m.stochastic_depth = stochastic_depth
         m.noisy_op = noisy_op
         for blk in m.blocks:
+            blk.index_copy = index_copy
             blk.attn.sdpa = sdpa
             if custom_gelu:
                 blk.mlp[1] = CustomGelu()

@@ -112,6 +112,11 @@ def parse():
                    help="with --distributed: FSDP2 (fully_shard per block and the model) instead of DDP; "
                         "parameters are all-gathered before each block's forward and backward, freed after")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="leave torch.use_deterministic_algorithms off (on by default, for bit-identical checks)")
+    p.add_argument("--index-copy", action="store_true",
+                   help="GPT-2: each block starts with an identity through index_copy (nondeterministic "
+                        "unless deterministic algorithms are on)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
     p.add_argument("--custom-gelu", action="store_true",
                    help="GPT-2: GELU as the script's own torch.autograd.Function (an op memplan cannot re-run)")
@@ -264,12 +269,13 @@ def main():
         # Deterministic cuBLAS (required by use_deterministic_algorithms); read at its first handle.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(not args.nondeterministic)
     model = models.build(args.model, small=args.small, shift_buffer=args.shift_buffer,
                          hardswish=args.hardswish, stochastic_depth=args.stochastic_depth,
                          sdpa=args.sdpa, noisy_op=args.noisy_op,
                          detached_side=args.detached_side, custom_gelu=args.custom_gelu,
-                         width=args.width, layers=args.layers, seq=args.seq).to(args.device)
+                         width=args.width, layers=args.layers, seq=args.seq,
+                         index_copy=args.index_copy).to(args.device)
     if args.distributed and args.fsdp:
         from torch.distributed.fsdp import fully_shard
 

@@ -6,6 +6,7 @@
 
 #include "planner/rerun_ops.h"
 #include "profiler/bytes.h"
+#include "profiler/op_determinism.h"
 
 namespace memplan::planner {
 
@@ -142,14 +143,17 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
   G.providers = value_providers(p);
   G.unseen.assign(nv, 0);
   for (int64_t i = 0; i < nf; ++i)
-    for (const TensorRef& t : p.forward[i].inputs)
-      if (t.value >= 0 && t.value < nv && p.values[t.value].producer >= 0 &&
-          G.providers[t.value].size() == 1) {  // only its producer, which did not output it
-        const Op& prod = p.forward[p.values[t.value].producer];
+    for (const TensorRef& t : p.forward[i].inputs) {
+      if (t.value < 0 || t.value >= nv || p.values[t.value].producer < 0) continue;
+      const Op& prod = p.forward[p.values[t.value].producer];
+      if (!prod.rerunnable) {
+        G.unseen[t.value] = G.any_unseen = true;  // the replay registers no output of such an op
+      } else if (G.providers[t.value].size() == 1) {  // only its producer, which did not output it
         bool output = false;
         for (const TensorRef& o : prod.outputs) output = output || o.value == t.value;
         if (!output) G.unseen[t.value] = G.any_unseen = true;
       }
+    }
   G.produces.assign(nf, {});
   G.deps.assign(nf, {});
   G.out_bytes.assign(nf, 0);
@@ -285,11 +289,23 @@ std::string unrebuildable_note(const Graph& g) {
     hints += "; torch.compile has its own budget: torch._functorch.config.activation_memory_budget";
   if (has("CheckpointFunction"))
     hints += "; CheckpointFunction is torch.utils.checkpoint(use_reentrant=True), which recomputes its region itself";
+  const auto nondet = std::find_if(names.begin(), names.end(), [](const std::string& n) {
+    return has_nondeterministic_kernel(n);
+  });
+  if (nondet != names.end())
+    hints += fmt::format("; {} runs a nondeterministic kernel here, whose re-run could give other bits: "
+                         "torch.use_deterministic_algorithms(True) lets memplan re-run it", *nondet);
+  const bool only_nondet = std::all_of(names.begin(), names.end(), [](const std::string& n) {
+    return has_nondeterministic_kernel(n);
+  });
   return fmt::format(
       "{} of saved activations cannot be evicted: forward ops memplan cannot re-run make them, or "
-      "rebuilding them would need those ops ({}: a torch.compile'd graph or a custom "
-      "autograd.Function){}",
-      format_bytes(g.unrebuildable_bytes), list, hints);
+      "rebuilding them would need those ops ({}{}){}",
+      format_bytes(g.unrebuildable_bytes), list,
+      only_nondet              ? ""
+      : nondet != names.end()  ? ": a torch.compile'd graph, a custom autograd.Function or a nondeterministic kernel"
+                               : ": a torch.compile'd graph or a custom autograd.Function",
+      hints);
 }
 
 std::vector<int64_t> Graph::compaction_candidates() const {

@@ -4,27 +4,53 @@
 //
 // Re-runnable: an operator the dispatcher knows, with a schema, whose RecordFunction carries every
 // argument. Not re-runnable: a Python autograd.Function (torch.compile's CompiledFunction, a user's
-// custom Function: a RecordFunction named after the class, no operator), or an op whose inputs do
-// not match its schema. Their saved tensors can only be kept.
+// custom Function: a RecordFunction named after the class, no operator), an op whose inputs do
+// not match its schema, or an op whose re-run may not reproduce its first run's bits
+// (op_determinism.h: index_add_ on a GPU without deterministic algorithms). Their saved tensors
+// can only be kept.
 #pragma once
 
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
 #include <optional>
 
+#include "profiler/op_determinism.h"
 #include "profiler/tensor_args.h"
 
 namespace memplan {
 
-// Cost: one dispatcher lookup by name (a hash map read under the dispatcher's lock); called once
-// per recorded op, and by the replayer only for ops that may re-run.
+// Whether any tensor argument is off the CPU (on a GPU or another accelerator; a 0-dim CPU scalar
+// may come beside them). Cost: one pass over the arguments.
+inline bool on_accelerator(c10::ArrayRef<c10::IValue> inputs) {
+  bool any = false;
+  for (const c10::IValue& iv : inputs) {
+    for_each_tensor(iv, [&](const at::Tensor& t) { any = any || !t.device().is_cpu(); });
+  }
+  return any;
+}
+
+// torch.use_deterministic_algorithms as it is set now (thread-independent, process-wide).
+inline DeterminismMode determinism_mode() {
+  return {at::globalContext().deterministicAlgorithms(), at::globalContext().deterministicAlgorithmsWarnOnly()};
+}
+
+// Cost: one dispatcher lookup by name (a hash map read under the dispatcher's lock), and under
+// nondeterministic algorithms a scan of op_determinism's list; called once per recorded op, and by
+// the replayer only for ops that may re-run. The mode is read when called: a script that turns
+// deterministic algorithms off after the profile gets no recipe for those ops (their values are
+// kept, as for any op without one).
 inline std::optional<c10::OperatorHandle> rerun_handle(const at::RecordFunction& fn) {
   const auto name = fn.operator_name();
   if (!name) return std::nullopt;
   auto op = c10::Dispatcher::singleton().findOp(*name);
   if (!op || !op->hasSchema()) return std::nullopt;
   if (fn.inputs().size() != op->schema().arguments().size()) return std::nullopt;  // kwarg-only oddities
+  const DeterminismMode mode = determinism_mode();
+  if (!(mode.on && !mode.warn_only) && may_differ_on_rerun(fn.name(), on_accelerator(fn.inputs()), mode)) {
+    return std::nullopt;
+  }
   return op;
 }
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, Runner, assert_same_dumps, losses, nvtx_recorder, torchrun
+from conftest import ROOT, Runner, assert_same_dumps, load_profile, losses, nvtx_recorder, torchrun
 
 ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 BUDGETS = ["70%", "50%", "min"]
@@ -522,6 +522,33 @@ def test_a_custom_autograd_function_is_never_re_run_and_the_peak_is_as_predicted
     assert sum(r["not_rebuildable"] for r in rs) == 0 and sum(r["on_demand"] for r in rs) == 0
     assert p.stderr.count("cannot be evicted") == 1 and "TanhGelu" in p.stderr
     assert "not found in the graph" not in p.stderr
+
+
+def test_a_nondeterministic_kernel_is_re_run_only_under_deterministic_algorithms(runner, plain_runs):
+    # Each block starts with an identity through index_copy, which PyTorch lists as
+    # nondeterministic (writes in no set order) unless torch.use_deterministic_algorithms(True):
+    # a re-run could give backward other bits than the forward used. Without the mode it is never
+    # re-run (the profile says so), what only it could rebuild stays, said once, and the rest of
+    # the plan holds. With the mode, the same op is re-run like any other.
+    env = {"MEMPLAN_PROFILE_OUT": "profile.json"}
+
+    def index_copies():
+        ops = load_profile(runner.tmp / "profile.json")["forward"]
+        return [op.get("rerunnable", True) for op in ops if op["name"] == "aten::index_copy"]
+
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", ["--index-copy", "--nondeterministic"], env)
+    assert index_copies() == [False] * 4
+    assert p.stderr.count("cannot be evicted") == 1 and "aten::index_copy" in p.stderr
+    assert "use_deterministic_algorithms(True)" in p.stderr
+    assert_peaks_as_predicted(report)
+    rs = report["replay"]
+    assert sum(r["evicted"] for r in rs) > 0
+    assert sum(r["not_rebuildable"] for r in rs) == 0 and sum(r["on_demand"] for r in rs) == 0
+
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", ["--index-copy"], env)
+    assert index_copies() == [True] * 4
+    assert "cannot be evicted" not in p.stderr
+    assert_peaks_as_predicted(report)
 
 
 def test_a_torch_compiled_model_is_left_as_it_is_with_one_message(runner, plain_runs):

@@ -78,7 +78,8 @@ TEST(Rerunnable, WhatOnlyAnOpaqueOpCouldRebuildIsNotEvictable) {
   EXPECT_EQ(note.find("activation_memory_budget"), std::string::npos);
 
   // The same step with the Function re-runnable: all of them may go, and nothing is said.
-  const Graph free = OpaqueMlp(false).graph();
+  const OpaqueMlp plain(false);  // outlives its graph, which points into its profile
+  const Graph free = plain.graph();
   EXPECT_TRUE(free.evictable[t.y] && free.evictable[t.k]);
   EXPECT_EQ(free.unrebuildable_bytes, 0);
   EXPECT_EQ(unrebuildable_note(free), "");
@@ -131,4 +132,37 @@ TEST(Rerunnable, PlansAtEveryBudgetLeaveTheOpaqueOpAloneAndStillSave) {
   }
   EXPECT_TRUE(z_evicted);  // rebuilt from y in place, below some budget
   EXPECT_LT(pl.min_feasible(), pl.unplanned_peak());
+}
+
+// An aten op that may not be re-run (a nondeterministic kernel without deterministic algorithms:
+// profiler/op_determinism.h). The replay registers none of its outputs, so a recipe that reads
+// one holds it to the step's end, like a custom Function's result: the simulator counts that, and
+// the note tells how to let memplan re-run it.
+TEST(Rerunnable, ANondeterministicOpsResultReadByARerunIsHeldToTheStepsEnd) {
+  OpaqueMlp t;
+  t.p.forward[OpaqueMlp::kFunction].name = "aten::index_copy";
+  const Graph g = t.graph();
+  EXPECT_TRUE(g.unseen[t.y] && g.unseen[t.u]);
+  EXPECT_FALSE(g.unseen[t.z] || g.unseen[t.h0]);
+  const std::string note = unrebuildable_note(g);
+  EXPECT_NE(note.find("aten::index_copy runs a nondeterministic kernel"), std::string::npos) << note;
+  EXPECT_NE(note.find("torch.use_deterministic_algorithms(True)"), std::string::npos) << note;
+  EXPECT_EQ(note.find("custom autograd.Function"), std::string::npos) << note;
+
+  // Evict z (linear 2's result, read by gelu's backward), rebuilt from y: the recipe of linear 2
+  // captures y, which then lives past its natural end (the Function's backward) to the step's end.
+  Plan plan;
+  plan.evictions.push_back({t.z, g.last_fwd_use[t.z]});
+  plan.recomputes.push_back({g.first_unpack[t.z], {2}, {t.z}});
+  const SimResult held = simulate(g, plan);
+  ASSERT_TRUE(held.ok) << held.error;
+  const int64_t last = static_cast<int64_t>(held.bwd_live.size()) - 1;
+  ASSERT_GT(g.natural_end[t.y], g.n_fwd);
+  ASSERT_LT(g.natural_end[t.y] - g.n_fwd, last);
+  // The same plan with the op re-runnable: y is not held past its end.
+  const OpaqueMlp plain(false);  // outlives its graph, which points into its profile
+  const Graph free = plain.graph();
+  const SimResult unheld = simulate(free, plan);
+  ASSERT_TRUE(unheld.ok) << unheld.error;
+  EXPECT_EQ(held.bwd_live[last] - unheld.bwd_live[last], g.bytes(t.y));
 }

@@ -35,3 +35,63 @@ TEST(RngDevice, ADeviceArgumentDecidesWhenNoTensorDoes) {
             cuda1);
   EXPECT_EQ(rng_device(args({c10::IValue(std::vector<int64_t>{2}), c10::Device(c10::kCPU)})), c10::Device(c10::kCPU));
 }
+
+// rerun_handle on real ops: an op whose re-run may give other bits (op_determinism.h) gets no
+// handle unless deterministic algorithms are on. index_copy_ is nondeterministic on the CPU too;
+// index_add_ only off the CPU (a meta tensor stands for a GPU one).
+namespace {
+
+struct Seen {
+  std::string name;
+  std::vector<bool> handled;  // rerun_handle(fn).has_value(), per call of `name`
+};
+thread_local Seen* tl_seen = nullptr;
+
+std::unique_ptr<at::ObserverContext> see(const at::RecordFunction& fn) {
+  if (tl_seen && tl_seen->name == fn.name()) tl_seen->handled.push_back(memplan::rerun_handle(fn).has_value());
+  return nullptr;
+}
+
+// Runs `f` with deterministic algorithms set to (on, warn_only); what rerun_handle said of `name`.
+template <typename F>
+std::vector<bool> handles_of(const char* name, bool on, bool warn_only, F f) {
+  auto& ctx = at::globalContext();
+  const bool was_on = ctx.deterministicAlgorithms(), was_warn = ctx.deterministicAlgorithmsWarnOnly();
+  ctx.setDeterministicAlgorithms(on, warn_only);
+  Seen seen{name, {}};
+  tl_seen = &seen;
+  const auto h = at::addThreadLocalCallback(at::RecordFunctionCallback(&see).needsInputs(true));
+  f();
+  at::removeCallback(h);
+  tl_seen = nullptr;
+  ctx.setDeterministicAlgorithms(was_on, was_warn);
+  return seen.handled;
+}
+
+}  // namespace
+
+TEST(RerunHandle, ANondeterministicKernelIsNotRerunWithoutTheMode) {
+  const auto copy = [] {
+    at::Tensor x = at::zeros({4, 3});
+    x.index_copy_(0, at::tensor({0, 2}, at::kLong), at::ones({2, 3}));
+  };
+  EXPECT_EQ(handles_of("aten::index_copy_", /*on=*/false, false, copy), std::vector<bool>{false});
+  EXPECT_EQ(handles_of("aten::index_copy_", /*on=*/true, false, copy), std::vector<bool>{true});
+  // Ops not on the list are re-run whatever the mode.
+  EXPECT_EQ(handles_of("aten::add", false, false, [] { (void)at::add(at::ones({2}), at::ones({2})); }),
+            std::vector<bool>{true});
+}
+
+TEST(RerunHandle, AtomicsOnlyOffTheCpu) {
+  const auto add_on = [](c10::Device d) {
+    return [d] {
+      const auto opt = at::TensorOptions().device(d);
+      at::Tensor x = at::zeros({4, 3}, opt);
+      x.index_add_(0, at::zeros({2}, opt.dtype(at::kLong)), at::ones({2, 3}, opt));
+    };
+  };
+  EXPECT_EQ(handles_of("aten::index_add_", false, false, add_on(c10::kCPU)), std::vector<bool>{true});
+  EXPECT_EQ(handles_of("aten::index_add_", false, false, add_on(c10::kMeta)), std::vector<bool>{false});
+  EXPECT_EQ(handles_of("aten::index_add_", true, false, add_on(c10::kMeta)), std::vector<bool>{true});
+  EXPECT_EQ(handles_of("aten::index_add_", true, true, add_on(c10::kMeta)), std::vector<bool>{true});
+}
