@@ -21,19 +21,35 @@ at::Tensor raw_empty(at::IntArrayRef sizes, at::IntArrayRef strides, at::ScalarT
   return at::Tensor(at::detail::empty_strided_cpu(sizes, strides, dtype));
 }
 
-constexpr int64_t kGrain = 32768;  // elements per task: below this, one thread does it all
+constexpr int64_t kGrainBytes = 4096;  // mask bytes (8 elements each) per task: below this, one thread
 
-// Writes mask[i] = (x[i] != 0) and says whether every non-zero x[i] equals `top`. Branch-free so
-// the compiler vectorises it.
+// Whether the layout is the contiguous one of `sizes` (what tail_matches needs of the mask's tensor).
+bool contiguous_layout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  int64_t expected = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return true;
+}
+
+// Writes bit i%8 of mask[i/8] = (x[i] != 0) and says whether every non-zero x[i] equals `top`.
+// Eight elements per byte, branch-free, so the compiler unrolls and vectorises the inner loop.
 template <typename T>
 bool pack(const T* x, uint8_t* mask, int64_t n, T top) {
   std::atomic<bool> ok{true};
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+  const int64_t full = n / 8;  // bytes with 8 elements; a last partial one follows if n % 8
+  at::parallel_for(0, compact_mask_bytes(n), kGrainBytes, [&](int64_t b, int64_t e) {
     uint8_t bad = 0;
-    for (int64_t i = b; i < e; ++i) {
-      const T v = x[i];
-      mask[i] = static_cast<uint8_t>(v != 0);
-      bad |= static_cast<uint8_t>((v != 0) & (v != top));
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t base = 8 * k, m = k < full ? 8 : n - base;
+      uint8_t byte = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        const T v = x[base + i];
+        byte |= static_cast<uint8_t>(static_cast<uint8_t>(v != 0) << i);
+        bad |= static_cast<uint8_t>((v != 0) & (v != top));
+      }
+      mask[k] = byte;
     }
     if (bad) ok.store(false, std::memory_order_relaxed);
   });
@@ -42,8 +58,13 @@ bool pack(const T* x, uint8_t* mask, int64_t n, T top) {
 
 template <typename T>
 void unpack(const uint8_t* mask, T* x, int64_t n, T top) {
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) x[i] = static_cast<T>(-static_cast<T>(mask[i]) & top);
+  const int64_t full = n / 8;
+  at::parallel_for(0, compact_mask_bytes(n), kGrainBytes, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t base = 8 * k, m = k < full ? 8 : n - base;
+      const unsigned byte = mask[k];
+      for (int64_t i = 0; i < m; ++i) x[base + i] = static_cast<T>(-static_cast<T>((byte >> i) & 1u) & top);
+    }
   });
 }
 
@@ -54,9 +75,13 @@ bool compact_as(const at::Tensor& t, CompactMask* out) {
   int64_t first = 0;
   while (first < n && x[first] == 0) ++first;  // the value: the first non-zero pattern
   const T top = first < n ? x[first] : T(0);
-  at::Tensor mask = raw_empty(t.sizes(), t.strides(), at::kBool);  // the same layout: memory order
+  const int64_t nbytes = compact_mask_bytes(n);
+  at::Tensor mask = raw_empty({nbytes}, {1}, at::kByte);
   if (!pack<T>(x, static_cast<uint8_t*>(mask.data_ptr()), n, top)) return false;
   out->mask = std::move(mask);
+  out->sizes = t.sizes().vec();
+  out->strides = t.strides().vec();
+  out->numel = n;
   std::memcpy(&out->bits, &top, sizeof(T));
   out->dtype = t.scalar_type();
   return true;
@@ -64,10 +89,10 @@ bool compact_as(const at::Tensor& t, CompactMask* out) {
 
 template <typename T>
 at::Tensor expand_as(const CompactMask& c) {
-  at::Tensor t = raw_empty(c.mask.sizes(), c.mask.strides(), c.dtype);
+  at::Tensor t = raw_empty(c.sizes, c.strides, c.dtype);  // the original layout: memory order
   T top;
   std::memcpy(&top, &c.bits, sizeof(T));
-  unpack<T>(static_cast<const uint8_t*>(c.mask.data_ptr()), static_cast<T*>(t.data_ptr()), c.mask.numel(), top);
+  unpack<T>(static_cast<const uint8_t*>(c.mask.data_ptr()), static_cast<T*>(t.data_ptr()), c.numel, top);
   return t;
 }
 
@@ -89,17 +114,17 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
 
 bool tail_matches(const at::Tensor& input, const CompactMask& mask, const at::Tensor& out) {
   if (!input.defined() || !out.defined() || !mask.mask.defined() || !input.is_contiguous() ||
-      !out.is_contiguous() || !mask.mask.is_contiguous() || !input.sizes().equals(out.sizes()) ||
-      !input.sizes().equals(mask.mask.sizes()) || input.scalar_type() != out.scalar_type() ||
+      !out.is_contiguous() || !contiguous_layout(mask.sizes, mask.strides) || !input.sizes().equals(out.sizes()) ||
+      !input.sizes().equals(mask.sizes) || input.scalar_type() != out.scalar_type() ||
       input.scalar_type() != mask.dtype) {
     return false;
   }
-  constexpr int64_t kChunk = 16384;
+  constexpr int64_t kChunk = 16384;  // a multiple of 8: each chunk starts on a byte of the mask
   const int64_t n = input.numel();
-  const at::Tensor in = input.view({-1}), o = out.view({-1}), m = mask.mask.view({-1});
+  const at::Tensor in = input.view({-1}), o = out.view({-1});
   for (int64_t s = 0; s < n; s += kChunk) {
     const int64_t len = std::min(kChunk, n - s);
-    const CompactMask part{m.narrow(0, s, len), mask.bits, mask.dtype};
+    const CompactMask part{mask.mask.narrow(0, s / 8, compact_mask_bytes(len)), {len}, {1}, len, mask.bits, mask.dtype};
     if (!bitwise_equal(at::mul(in.narrow(0, s, len), expand_mask(part)), o.narrow(0, s, len))) return false;
   }
   return true;

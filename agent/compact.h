@@ -1,7 +1,7 @@
 // Lossless compact form of a dropout mask (docs/compaction.md). aten::dropout on the CPU saves
 // `noise = bernoulli_(1-p).div_(1-p)` for backward: a float tensor whose elements are all +0 or
-// one value. Kept as one byte per element plus that value's bit pattern, it takes a quarter of
-// the memory (an eighth for double) and expands back bit for bit.
+// one value. Kept as one bit per element plus that value's bit pattern, it takes a 32nd of the
+// memory (a 64th for double, a 16th for half) and expands back bit for bit.
 //
 // Both directions work on raw bits (the tensor's storage read as a same-width integer type), so
 // "equal" is bitwise: -0.0, NaN payloads and denormals are reproduced exactly or refused. Every
@@ -10,18 +10,29 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace memplan {
 
 struct CompactMask {
-  at::Tensor mask;      // bool, the tensor's shape and strides: element is non-zero
+  // uint8, (numel + 7) / 8 bytes: bit i % 8 of byte i / 8 says whether the i-th element in memory
+  // order is non-zero (the tensor covered its storage, densely, so memory order is storage order).
+  at::Tensor mask;
+  std::vector<int64_t> sizes, strides;  // the tensor's layout, given back by expand_mask
+  int64_t numel = 0;
   int64_t bits = 0;     // the bit pattern of every non-zero element
   at::ScalarType dtype = at::kFloat;
 };
 
+// The bytes compact_mask keeps for a tensor of `numel` elements (the planner's Graph::compact_bytes
+// counts the same).
+inline int64_t compact_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
+
 // The compact form of `t`, or false when `t` does not qualify: not a dense (non-overlapping, in
 // any dimension order) CPU tensor of a floating type covering its whole storage, or elements other
 // than +0 and one value.
-// Cost: one pass (read the tensor, write the mask), split over the intra-op threads; ~10-20 us
+// Cost: one pass (read the tensor, write the bits), split over the intra-op threads; ~10-20 us
 // for 128 Ki floats on the 2-core CI CPU, where re-running that dropout costs ~830 us of RNG.
 bool compact_mask(const at::Tensor& t, CompactMask* out);
 

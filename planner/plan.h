@@ -44,7 +44,7 @@ struct Release {
   int64_t value = 0, after_bwd = 0;
 };
 
-// Keep saved value `value` (a 0/scale dropout mask, Graph::compact_bytes) as one byte per element
+// Keep saved value `value` (a 0/scale dropout mask, Graph::compact_bytes) as one bit per element
 // from the end of its producer until backward unpacks it; expanded bit-exactly at each unpack.
 // Plans list the values only (sorted); docs/compaction.md.
 

@@ -42,14 +42,34 @@ TEST(Compact, DropoutNoiseRoundTripsBitForBit) {
       const at::Tensor noise = dropout_noise({3, 100, 1024}, dt, p);
       CompactMask c;
       ASSERT_TRUE(compact_mask(noise, &c)) << dt << " p=" << p;
-      EXPECT_EQ(c.mask.scalar_type(), at::kBool);
-      EXPECT_EQ(c.mask.nbytes() * noise.element_size(), noise.nbytes());
+      EXPECT_EQ(c.mask.scalar_type(), at::kByte);
+      EXPECT_EQ(c.mask.nbytes(), (noise.numel() + 7) / 8);  // one bit per element
+      EXPECT_EQ(c.mask.nbytes(), memplan::compact_mask_bytes(noise.numel()));
       const at::Tensor back = expand_mask(c);
       EXPECT_EQ(back.scalar_type(), dt);
       EXPECT_EQ(back.sizes(), noise.sizes());
       EXPECT_EQ(back.strides(), noise.strides());
       EXPECT_TRUE(at::equal(bits(back), bits(noise))) << dt << " p=" << p;
     }
+  }
+}
+
+// Element counts that are no multiple of 8 (the last byte is partial) and tiny tensors, across the
+// parallel grain (4 Ki bytes = 32 Ki elements per task).
+TEST(Compact, AnyElementCountRoundTrips) {
+  at::manual_seed(3);
+  for (int64_t n : {1, 7, 8, 9, 15, 17, 1000, 32767, 32768, 32769, 65543}) {
+    const at::Tensor noise = dropout_noise({n}, at::kFloat, 0.5);
+    CompactMask c;
+    ASSERT_TRUE(compact_mask(noise, &c)) << n;
+    EXPECT_EQ(c.mask.numel(), (n + 7) / 8) << n;
+    EXPECT_TRUE(at::equal(bits(expand_mask(c)), bits(noise))) << n;
+    if (n < 2) continue;
+    // A stray value in the last (partial) byte is seen: the scale first, then another value.
+    at::Tensor bad = noise.clone();
+    bad[0] = 2.0f;
+    bad[n - 1] = 3.0f;
+    EXPECT_FALSE(compact_mask(bad, &c)) << n;
   }
 }
 
