@@ -1,5 +1,6 @@
 #include "agent/agent.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/Device.h>
@@ -83,6 +84,18 @@ std::string inplace_error_message(const SavedState& s, uint32_t now) {
     << " instead. Hint: enable anomaly detection to find the operation that failed to compute its "
        "gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).";
   return m.str();
+}
+
+// What one snapshot of the CPU generator takes (Replayer::op_start keeps one per random op it
+// may re-run, to the step's end): the size of its get_state() tensor, asked once (under the
+// generator's lock, as every get_state must be).
+int64_t cpu_rng_state_bytes() {
+  static const int64_t bytes = [] {
+    at::Generator g = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return static_cast<int64_t>(g.get_state().nbytes());
+  }();
+  return bytes;
 }
 
 // Whether any tensor argument of the op (lists included) satisfies `pred`. Cost: one scan of the
@@ -578,6 +591,7 @@ bool Agent::backward_end() {
     }
     p.rank = env_rank();
     p.device = step_device_;
+    if (p.device == "cpu") p.rng_state_bytes = cpu_rng_state_bytes();
     end_step(std::move(p));
   }
   ++steps_;

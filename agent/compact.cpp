@@ -34,7 +34,7 @@ bool contiguous_layout(const std::vector<int64_t>& sizes, const std::vector<int6
 }
 
 // Writes bit i%8 of mask[i/8] = (x[i] != 0) and says whether every non-zero x[i] equals `top`.
-// Eight elements per byte, branch-free, so the compiler unrolls and vectorises the inner loop.
+// Eight elements per byte, branch-free.
 template <typename T>
 bool pack(const T* x, uint8_t* mask, int64_t n, T top) {
   std::atomic<bool> ok{true};

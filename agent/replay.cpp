@@ -592,7 +592,9 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, ui
   }
   // Outputs become slots, in the order of the returned stack (lists flattened). An opaque op's
   // (see opaque_) are found by no lookup: a reader's recipe takes them as from outside the step.
-  // After a divergence the profile no longer says which op this is: every op's outputs are slots.
+  // Once the step has diverged the profile no longer says which op this is, and every op's
+  // outputs are slots; the op that diverges is still judged by the profile's op at its position
+  // (the check needs its outputs): at worst a reader holds its output to the step's end.
   const bool opaque = !diverged_ && static_cast<size_t>(op) < opaque_.size() && opaque_[op];
   std::vector<Slot>& outs = slots_[op];
   outs.clear();

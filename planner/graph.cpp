@@ -146,9 +146,12 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
     for (const TensorRef& t : p.forward[i].inputs) {
       if (t.value < 0 || t.value >= nv || p.values[t.value].producer < 0) continue;
       const Op& prod = p.forward[p.values[t.value].producer];
-      if (!prod.rerunnable) {
-        G.unseen[t.value] = G.any_unseen = true;  // the replay registers no output of such an op
-      } else if (G.providers[t.value].size() == 1) {  // only its producer, which did not output it
+      const auto& prov = G.providers[t.value];
+      if (std::any_of(prov.begin(), prov.end(), [&](int64_t o) { return !p.forward[o].rerunnable; })) {
+        // The replay registers no output of such an op; one that writes the value in place
+        // (index_put_) also leaves its producer's output stale: a reader captures it either way.
+        G.unseen[t.value] = G.any_unseen = true;
+      } else if (prov.size() == 1) {  // only its producer, which did not output it
         bool output = false;
         for (const TensorRef& o : prod.outputs) output = output || o.value == t.value;
         if (!output) G.unseen[t.value] = G.any_unseen = true;
@@ -292,9 +295,14 @@ std::string unrebuildable_note(const Graph& g) {
   const auto nondet = std::find_if(names.begin(), names.end(), [](const std::string& n) {
     return has_nondeterministic_kernel(n);
   });
-  if (nondet != names.end())
-    hints += fmt::format("; {} runs a nondeterministic kernel here, whose re-run could give other bits: "
-                         "torch.use_deterministic_algorithms(True) lets memplan re-run it", *nondet);
+  if (nondet != names.end()) {
+    // Only where the mode gives the op a deterministic kernel: for the others it makes them raise.
+    hints += has_deterministic_kernel(*nondet)
+                 ? fmt::format("; {} runs a nondeterministic kernel here, whose re-run could give other bits: "
+                               "torch.use_deterministic_algorithms(True) lets memplan re-run it", *nondet)
+                 : fmt::format("; {} runs a nondeterministic kernel here, whose re-run could give other bits, "
+                               "and PyTorch has no deterministic one for it", *nondet);
+  }
   const bool only_nondet = std::all_of(names.begin(), names.end(), [](const std::string& n) {
     return has_nondeterministic_kernel(n);
   });

@@ -42,8 +42,8 @@ struct Graph {
   std::vector<int64_t> dies_after;      // per value: Value::dies_after (an input freed mid-forward)
   bool any_dies = false;                // some value has dies_after >= 0
   // per value: made in the step but output by no op (a Python autograd.Function's result: its
-  // RecordFunction has no outputs), or made by an op that cannot be re-run (Op::rerunnable false:
-  // the replay registers none of its outputs, Replayer::opaque_). The replay cannot tell it from an
+  // RecordFunction has no outputs), or made or written in place by an op that cannot be re-run
+  // (Op::rerunnable false: the replay registers none of its outputs, Replayer::opaque_). The replay cannot tell it from an
   // input from before the step, so a recipe that captures it holds it to the step's end.
   std::vector<char> unseen;
   bool any_unseen = false;

@@ -201,6 +201,15 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
       }
     }
   }
+  // RNG snapshots: the recipe of a random op a rebuild may re-run keeps its generator's state
+  // from the op to the step's end (replay.cpp, Replayer::op_start), Profile::rng_state_bytes each.
+  if (!evict_at.empty() && p.rng_state_bytes > 0) {
+    std::vector<int64_t> evicted;
+    for (auto& [v, a] : evict_at) evicted.push_back(v);
+    const std::vector<char> rerun = rerun_ops(p, g.providers, evicted);
+    for (int64_t o = 0; o < N; ++o)
+      if (rerun[o] && p.forward[o].random) add(o, E - 1, p.rng_state_bytes);
+  }
   // Inputs and parameters the step writes in place before a re-run reads them (an optimizer step
   // in backward, ahead of a re-run that reads a weight without grad): the replay copies them when
   // a recipe captures them, alive to the step's end (copied_when_captured, as replay.cpp does).

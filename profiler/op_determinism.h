@@ -21,14 +21,26 @@ struct DeterminismMode {
   bool warn_only = false;  // ... with warn_only=True
 };
 
-// Whether `name` (an operator name as RecordFunction gives it: "aten::index_add_") may give other
-// bits when run twice on the same inputs, on the CPU (`accelerator` false) or on a GPU or another
-// accelerator, under `mode`. Convolutions are not on the list: cuDNN's forward algorithms are
-// deterministic (its nondeterministic ones compute weight and input gradients). Cost: nothing when
-// the mode is on without warn_only, else a scan of 23 short names.
-bool may_differ_on_rerun(std::string_view name, bool accelerator, DeterminismMode mode);
+// What the list's finer conditions need to know of one call.
+struct OpCall {
+  bool accelerator = false;   // a tensor argument is on a GPU or another accelerator, not the CPU
+  bool mask_indices = false;  // index_put_'s indices are all boolean masks: each element is
+                              // written once (`x[mask] = v`), so the order of writes cannot matter
+};
 
-// Whether `name` is on the list at all, whatever the device and mode (for the planner's message).
+// Whether `name` (an operator name as RecordFunction gives it: "aten::index_add_") may give other
+// bits when run twice on the same inputs, for `call`, under `mode`. Convolutions are not on the
+// list: cuDNN's forward algorithms are deterministic (its nondeterministic ones compute weight and
+// input gradients). Composite ops are matched by their own name only (a nondeterministic kernel
+// inside one is not seen), except cross_entropy_loss and nll_loss_nd, which reach nll_loss2d on a
+// GPU. Cost: nothing when the mode is on without warn_only, else a scan of 29 short names.
+bool may_differ_on_rerun(std::string_view name, OpCall call, DeterminismMode mode);
+
+// Whether `name` is on the list at all, whatever the call and mode (for the planner's message).
 bool has_nondeterministic_kernel(std::string_view name);
+
+// Whether deterministic algorithms give `name` a deterministic kernel (else the mode makes it raise,
+// and telling the user to turn the mode on would break the script).
+bool has_deterministic_kernel(std::string_view name);
 
 }  // namespace memplan

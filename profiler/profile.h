@@ -106,6 +106,11 @@ struct Profile {
   double forward_us = 0;            // wall time of the forward
   double backward_us = 0;           // wall time of the backward
   double overhead_us = 0;           // recording cost measured in the callbacks themselves
+  // Bytes of the step's accounted memory one RNG snapshot takes: a recipe of a random op that a
+  // rebuild may re-run keeps the generator's state (a CPU tensor: 5056 bytes for the CPU
+  // generator in torch 2.14) until the step ends. 0 where that memory is not the step's (a CUDA
+  // step: its budget is device memory), and in older profiles (not counted).
+  int64_t rng_state_bytes = 0;
   std::vector<Op> forward;
   std::vector<Op> backward;
   std::vector<Value> values;

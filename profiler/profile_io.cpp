@@ -133,7 +133,7 @@ std::string profile_to_json(const Profile& p, int indent) {
          {"rank", p.rank},              {"step", p.step},              {"op_hash", p.op_hash},
          {"baseline_bytes", p.baseline_bytes}, {"peak_bytes", p.peak_bytes},
          {"end_bytes", p.end_bytes},    {"forward_us", p.forward_us},  {"backward_us", p.backward_us},
-         {"overhead_us", p.overhead_us}};
+         {"overhead_us", p.overhead_us}, {"rng_state_bytes", p.rng_state_bytes}};
   j["forward"] = json::array();
   for (const auto& op : p.forward) j["forward"].push_back(op_to_json(op));
   j["backward"] = json::array();
@@ -149,8 +149,8 @@ bool validate_profile(const Profile& p, std::string* error) {
                          kProfileVersion);
     return false;
   }
-  if (p.baseline_bytes < 0 || p.peak_bytes < 0 || p.end_bytes < 0) {
-    *error = "negative baseline_bytes, peak_bytes or end_bytes";
+  if (p.baseline_bytes < 0 || p.peak_bytes < 0 || p.end_bytes < 0 || p.rng_state_bytes < 0) {
+    *error = "negative baseline_bytes, peak_bytes, end_bytes or rng_state_bytes";
     return false;
   }
   if (p.peak_bytes < p.baseline_bytes) {
@@ -250,6 +250,7 @@ bool profile_from_json(const std::string& text, Profile* out, std::string* error
     p.forward_us = j.value("forward_us", 0.0);
     p.backward_us = j.value("backward_us", 0.0);
     p.overhead_us = j.value("overhead_us", 0.0);
+    p.rng_state_bytes = j.value("rng_state_bytes", int64_t{0});
     const auto& fwd = j.at("forward");
     for (size_t i = 0; i < fwd.size(); ++i) {
       where = fmt::format("forward op {}", i);

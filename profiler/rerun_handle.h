@@ -31,6 +31,23 @@ inline bool on_accelerator(c10::ArrayRef<c10::IValue> inputs) {
   return any;
 }
 
+// What op_determinism's finer conditions need of a call: where it runs, and whether its second
+// argument (index_put_'s indices) is a list of boolean masks only. Cost: one pass over the
+// arguments.
+inline OpCall op_call(c10::ArrayRef<c10::IValue> inputs) {
+  OpCall call;
+  call.accelerator = on_accelerator(inputs);
+  if (inputs.size() > 1 && inputs[1].isList()) {
+    bool any = false, masks = true;
+    for_each_tensor(inputs[1], [&](const at::Tensor& t) {
+      any = true;
+      masks = masks && (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte);
+    });
+    call.mask_indices = any && masks;
+  }
+  return call;
+}
+
 // torch.use_deterministic_algorithms as it is set now (thread-independent, process-wide).
 inline DeterminismMode determinism_mode() {
   return {at::globalContext().deterministicAlgorithms(), at::globalContext().deterministicAlgorithmsWarnOnly()};
@@ -48,7 +65,7 @@ inline std::optional<c10::OperatorHandle> rerun_handle(const at::RecordFunction&
   if (!op || !op->hasSchema()) return std::nullopt;
   if (fn.inputs().size() != op->schema().arguments().size()) return std::nullopt;  // kwarg-only oddities
   const DeterminismMode mode = determinism_mode();
-  if (!(mode.on && !mode.warn_only) && may_differ_on_rerun(fn.name(), on_accelerator(fn.inputs()), mode)) {
+  if (!(mode.on && !mode.warn_only) && may_differ_on_rerun(fn.name(), op_call(fn.inputs()), mode)) {
     return std::nullopt;
   }
   return op;

@@ -272,3 +272,32 @@ TEST(Simulate, AnInputARebuildReadsStaysAliveToTheEnd) {
   ASSERT_TRUE(build_graph(p, &g, &err)) << err;
   EXPECT_EQ(simulate(g, none).fwd_live[1], base.fwd_live[1]);
 }
+
+// The recipe of a random op a rebuild may re-run keeps an RNG snapshot (Profile::rng_state_bytes)
+// from the op to the step's end: counted for each such op (here tanh, made random), not for ops no
+// rebuild re-runs, and not at all when the profile gives no size (older profiles, CUDA steps).
+TEST(Simulate, RngSnapshotsOfRerunRandomOpsLiveToTheEnd) {
+  TanhRebuiltFromInputs t(1 << 12);
+  Profile& p = t.p;
+  p.forward[1].random = true;  // tanh stands for a dropout
+  Graph g;
+  std::string err;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  const Plan evict = t.plan(g);
+  const SimResult without = simulate(g, evict);
+  ASSERT_TRUE(without.ok) << without.error;
+  p.rng_state_bytes = 5056;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  const SimResult with = simulate(g, evict);
+  ASSERT_TRUE(with.ok) << with.error;
+  EXPECT_EQ(with.fwd_live[0], without.fwd_live[0]);
+  EXPECT_EQ(with.fwd_live[1], without.fwd_live[1] + 5056);
+  EXPECT_EQ(with.fwd_peak[1], without.fwd_peak[1] + 5056);
+  EXPECT_EQ(with.bwd_live.back(), without.bwd_live.back() + 5056);
+  EXPECT_EQ(with.peak, without.peak + 5056);
+  // A random op no rebuild re-runs (sin) keeps none.
+  p.forward[1].random = false;
+  p.forward[2].random = true;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  EXPECT_EQ(simulate(g, evict).peak, without.peak);
+}

@@ -148,6 +148,12 @@ TEST(Rerunnable, ANondeterministicOpsResultReadByARerunIsHeldToTheStepsEnd) {
   EXPECT_NE(note.find("aten::index_copy runs a nondeterministic kernel"), std::string::npos) << note;
   EXPECT_NE(note.find("torch.use_deterministic_algorithms(True)"), std::string::npos) << note;
   EXPECT_EQ(note.find("custom autograd.Function"), std::string::npos) << note;
+  // An op with no deterministic kernel: the mode would make it raise, so the note does not suggest it.
+  OpaqueMlp histc;
+  histc.p.forward[OpaqueMlp::kFunction].name = "aten::histc";
+  const std::string no_kernel = unrebuildable_note(histc.graph());
+  EXPECT_NE(no_kernel.find("no deterministic one"), std::string::npos) << no_kernel;
+  EXPECT_EQ(no_kernel.find("use_deterministic_algorithms"), std::string::npos) << no_kernel;
 
   // Evict z (linear 2's result, read by gelu's backward), rebuilt from y: the recipe of linear 2
   // captures y, which then lives past its natural end (the Function's backward) to the step's end.
@@ -165,4 +171,26 @@ TEST(Rerunnable, ANondeterministicOpsResultReadByARerunIsHeldToTheStepsEnd) {
   const SimResult unheld = simulate(free, plan);
   ASSERT_TRUE(unheld.ok) << unheld.error;
   EXPECT_EQ(held.bwd_live[last] - unheld.bwd_live[last], g.bytes(t.y));
+}
+
+// The same op in place (`y[idx] = v`: index_put_ outputs its own input). Its producer can be
+// re-run, but the replay registers no output of index_put_, and the producer's own output is stale
+// after the write: a recipe reading the value captures it, and the simulator must count the hold.
+TEST(Rerunnable, AValueWrittenInPlaceByAnOpaqueOpIsUnseen) {
+  SynthBuilder b;
+  const int64_t in = b.input(1 << 18);
+  const int64_t x = b.op("aten::linear", {in, b.param(1 << 16)}, {{1 << 20}}, {in}, 40)[0];
+  const int64_t y = b.op("aten::index_put_", {x, in}, {{0, x}}, {}, 10)[0];
+  const int64_t z = b.op("aten::gelu", {y}, {{1 << 20}}, {y}, 5)[0];
+  b.op("aten::sum", {z}, {{4}}, {}, 1);
+  Profile p = b.finish();
+  ASSERT_EQ(y, x);  // the same value: index_put_ re-exposes it
+  Graph plain;
+  std::string err;
+  ASSERT_TRUE(build_graph(p, &plain, &err)) << err;
+  EXPECT_FALSE(plain.unseen[x]);
+  p.forward[1].rerunnable = false;
+  Graph opaque;
+  ASSERT_TRUE(build_graph(p, &opaque, &err)) << err;
+  EXPECT_TRUE(opaque.unseen[x]);
 }

@@ -95,3 +95,17 @@ TEST(RerunHandle, AtomicsOnlyOffTheCpu) {
   EXPECT_EQ(handles_of("aten::index_add_", true, false, add_on(c10::kMeta)), std::vector<bool>{true});
   EXPECT_EQ(handles_of("aten::index_add_", true, true, add_on(c10::kMeta)), std::vector<bool>{true});
 }
+
+// `x[mask] = v` writes each element once: re-run whatever the mode. Integer indices may repeat.
+TEST(RerunHandle, IndexPutThroughABooleanMaskIsRerun) {
+  const auto put = [](bool masks) {
+    return [masks] {
+      at::Tensor x = at::zeros({4});
+      const at::Tensor idx = masks ? at::tensor({1, 0, 1, 0}).to(at::kBool) : at::tensor({0, 2, 2}, at::kLong);
+      x.index_put_({idx}, at::ones({masks ? 2 : 3}));
+    };
+  };
+  EXPECT_EQ(handles_of("aten::index_put_", false, false, put(true)), std::vector<bool>{true});
+  EXPECT_EQ(handles_of("aten::index_put_", false, false, put(false)), std::vector<bool>{false});
+  EXPECT_EQ(handles_of("aten::index_put_", true, false, put(false)), std::vector<bool>{true});
+}
