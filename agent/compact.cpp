@@ -6,7 +6,9 @@
 #include <ATen/ops/mul.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -33,23 +35,47 @@ bool contiguous_layout(const std::vector<int64_t>& sizes, const std::vector<int6
   return true;
 }
 
+// Bits are packed and spread eight at a time with 64-bit multiplies, so that the per-element
+// loops stay plain byte loops the compiler vectorises (a loop that shifts bits into a byte does
+// not: it measured 2x slower to compact and 3x slower to expand than the byte masks did).
+static_assert(std::endian::native == std::endian::little, "mask bytes are read as little-endian words");
+constexpr int64_t kBlock = 512;  // elements staged as 0/1 bytes at a time (64 mask bytes)
+
+// Eight 0/1 bytes (byte i of `w`) -> one byte with bit i set where byte i is 1.
+inline uint8_t gather_bits(uint64_t w) { return static_cast<uint8_t>((w * 0x0102040810204080ULL) >> 56); }
+
+// One byte -> eight 0/1 bytes (byte i = bit i).
+constexpr uint64_t spread_bits(uint8_t b) {
+  const uint64_t w = (b * 0x0101010101010101ULL) & 0x8040201008040201ULL;
+  return ((w + 0x7F7F7F7F7F7F7F7FULL) >> 7) & 0x0101010101010101ULL;
+}
+// ... as a table (2 KiB): one load per byte instead of four dependent operations.
+constexpr std::array<uint64_t, 256> kSpread = [] {
+  std::array<uint64_t, 256> t{};
+  for (int b = 0; b < 256; ++b) t[b] = spread_bits(static_cast<uint8_t>(b));
+  return t;
+}();
+
 // Writes bit i%8 of mask[i/8] = (x[i] != 0) and says whether every non-zero x[i] equals `top`.
-// Eight elements per byte, branch-free.
 template <typename T>
 bool pack(const T* x, uint8_t* mask, int64_t n, T top) {
   std::atomic<bool> ok{true};
-  const int64_t full = n / 8;  // bytes with 8 elements; a last partial one follows if n % 8
   at::parallel_for(0, compact_mask_bytes(n), kGrainBytes, [&](int64_t b, int64_t e) {
+    alignas(64) uint8_t flags[kBlock];
     uint8_t bad = 0;
-    for (int64_t k = b; k < e; ++k) {
-      const int64_t base = 8 * k, m = k < full ? 8 : n - base;
-      uint8_t byte = 0;
+    for (int64_t k = b; k < e; k += kBlock / 8) {
+      const int64_t bytes = std::min(kBlock / 8, e - k), base = 8 * k, m = std::min(8 * bytes, n - base);
       for (int64_t i = 0; i < m; ++i) {
         const T v = x[base + i];
-        byte |= static_cast<uint8_t>(static_cast<uint8_t>(v != 0) << i);
+        flags[i] = static_cast<uint8_t>(v != 0);
         bad |= static_cast<uint8_t>((v != 0) & (v != top));
       }
-      mask[k] = byte;
+      for (int64_t i = m; i < 8 * bytes; ++i) flags[i] = 0;  // the last byte's missing elements
+      for (int64_t j = 0; j < bytes; ++j) {
+        uint64_t w;
+        std::memcpy(&w, flags + 8 * j, 8);
+        mask[k + j] = gather_bits(w);
+      }
     }
     if (bad) ok.store(false, std::memory_order_relaxed);
   });
@@ -58,12 +84,15 @@ bool pack(const T* x, uint8_t* mask, int64_t n, T top) {
 
 template <typename T>
 void unpack(const uint8_t* mask, T* x, int64_t n, T top) {
-  const int64_t full = n / 8;
   at::parallel_for(0, compact_mask_bytes(n), kGrainBytes, [&](int64_t b, int64_t e) {
-    for (int64_t k = b; k < e; ++k) {
-      const int64_t base = 8 * k, m = k < full ? 8 : n - base;
-      const unsigned byte = mask[k];
-      for (int64_t i = 0; i < m; ++i) x[base + i] = static_cast<T>(-static_cast<T>((byte >> i) & 1u) & top);
+    alignas(64) uint8_t flags[kBlock];
+    for (int64_t k = b; k < e; k += kBlock / 8) {
+      const int64_t bytes = std::min(kBlock / 8, e - k), base = 8 * k, m = std::min(8 * bytes, n - base);
+      for (int64_t j = 0; j < bytes; ++j) {
+        const uint64_t w = kSpread[mask[k + j]];
+        std::memcpy(flags + 8 * j, &w, 8);
+      }
+      for (int64_t i = 0; i < m; ++i) x[base + i] = static_cast<T>(-static_cast<T>(flags[i]) & top);
     }
   });
 }
