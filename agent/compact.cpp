@@ -2,6 +2,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorGeometry.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/mul.h>
 
@@ -24,16 +25,6 @@ at::Tensor raw_empty(at::IntArrayRef sizes, at::IntArrayRef strides, at::ScalarT
 }
 
 constexpr int64_t kGrainBytes = 4096;  // mask bytes (8 elements each) per task: below this, one thread
-
-// Whether the layout is the contiguous one of `sizes` (what tail_matches needs of the mask's tensor).
-bool contiguous_layout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
-  int64_t expected = 1;
-  for (size_t d = sizes.size(); d-- > 0;) {
-    if (sizes[d] != 1 && strides[d] != expected) return false;
-    expected *= sizes[d];
-  }
-  return true;
-}
 
 // Bits are packed and spread eight at a time with 64-bit multiplies, so that the per-element
 // loops stay plain byte loops the compiler vectorises (a loop that shifts bits into a byte does
@@ -143,7 +134,7 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
 
 bool tail_matches(const at::Tensor& input, const CompactMask& mask, const at::Tensor& out) {
   if (!input.defined() || !out.defined() || !mask.mask.defined() || !input.is_contiguous() ||
-      !out.is_contiguous() || !contiguous_layout(mask.sizes, mask.strides) || !input.sizes().equals(out.sizes()) ||
+      !out.is_contiguous() || !at::geometry_is_contiguous(mask.sizes, mask.strides) || !input.sizes().equals(out.sizes()) ||
       !input.sizes().equals(mask.sizes) || input.scalar_type() != out.scalar_type() ||
       input.scalar_type() != mask.dtype) {
     return false;

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "planner/plan.h"
+
 namespace memplan {
 
 struct CompactMask {
@@ -25,9 +27,9 @@ struct CompactMask {
   at::ScalarType dtype = at::kFloat;
 };
 
-// The bytes compact_mask keeps for a tensor of `numel` elements (the planner's Graph::compact_bytes
-// counts the same).
-inline int64_t compact_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
+// The bytes compact_mask keeps for a tensor of `numel` elements: planner::compact_mask_bytes, the
+// size the planner counts.
+using planner::compact_mask_bytes;
 
 // The compact form of `t`, or false when `t` does not qualify: not a dense (non-overlapping, in
 // any dimension order) CPU tensor of a floating type covering its whole storage, or elements other

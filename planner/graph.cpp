@@ -63,7 +63,7 @@ void find_masks(const Profile& p, Graph* g) {
     int64_t numel = 1;
     for (int64_t d : in.shape) numel *= d;
     if (es == 0 || numel <= 0 || val.bytes != numel * es) continue;
-    g->compact_bytes[v] = (numel + 7) / 8;  // one bit per element (agent/compact.h: compact_mask_bytes)
+    g->compact_bytes[v] = compact_mask_bytes(numel);  // one bit per element
     g->compact_us[v] = rate > 0 ? std::min(2 * rate * static_cast<double>(val.bytes), op.time_us) : 0.05 * op.time_us;
     g->op_mask[val.producer] = static_cast<int64_t>(v);
   }

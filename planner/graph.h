@@ -43,8 +43,9 @@ struct Graph {
   bool any_dies = false;                // some value has dies_after >= 0
   // per value: made in the step but output by no op (a Python autograd.Function's result: its
   // RecordFunction has no outputs), or made or written in place by an op that cannot be re-run
-  // (Op::rerunnable false: the replay registers none of its outputs, Replayer::opaque_). The replay cannot tell it from an
-  // input from before the step, so a recipe that captures it holds it to the step's end.
+  // (Op::rerunnable false: the replay registers none of its outputs, Replayer::opaque_). The
+  // replay cannot tell it from an input from before the step, so a recipe that captures it holds
+  // it to the step's end.
   std::vector<char> unseen;
   bool any_unseen = false;
   bool any_written = false;             // some value has Value::written (see copied_when_captured)

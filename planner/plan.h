@@ -48,6 +48,10 @@ struct Release {
 // from the end of its producer until backward unpacks it; expanded bit-exactly at each unpack.
 // Plans list the values only (sorted); docs/compaction.md.
 
+// The bytes a compact mask of `numel` elements takes: what the planner counts (Graph::compact_bytes)
+// and what the replay allocates (agent/compact.h).
+inline int64_t compact_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
+
 struct Plan {
   int version = kPlanVersion;
   std::string profile_hash;

@@ -182,10 +182,14 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
   // batch after `x = normalize(x)`) lives that much longer (FGSM probe: +5.5% unseen). So does a
   // value the replay takes for such an input (Graph::unseen: a custom autograd.Function's result),
   // from its natural end.
-  if (!evict_at.empty() && (g.any_dies || g.any_unseen)) {
+  // Both this and the RNG snapshots below follow the ops a rebuild may re-run: found once.
+  std::vector<char> rerun;
+  if (!evict_at.empty() && (g.any_dies || g.any_unseen || p.rng_state_bytes > 0)) {
     std::vector<int64_t> evicted;
     for (auto& [v, a] : evict_at) evicted.push_back(v);
-    const std::vector<char> rerun = rerun_ops(p, g.providers, evicted);
+    rerun = rerun_ops(p, g.providers, evicted);
+  }
+  if (!rerun.empty() && (g.any_dies || g.any_unseen)) {
     std::vector<char> kept(nv, 0);
     for (int64_t o = 0; o < N; ++o) {
       if (!rerun[o]) continue;
@@ -203,10 +207,7 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
   }
   // RNG snapshots: the recipe of a random op a rebuild may re-run keeps its generator's state
   // from the op to the step's end (replay.cpp, Replayer::op_start), Profile::rng_state_bytes each.
-  if (!evict_at.empty() && p.rng_state_bytes > 0) {
-    std::vector<int64_t> evicted;
-    for (auto& [v, a] : evict_at) evicted.push_back(v);
-    const std::vector<char> rerun = rerun_ops(p, g.providers, evicted);
+  if (!rerun.empty() && p.rng_state_bytes > 0) {
     for (int64_t o = 0; o < N; ++o)
       if (rerun[o] && p.forward[o].random) add(o, E - 1, p.rng_state_bytes);
   }

@@ -45,7 +45,7 @@ const Entry* find(std::string_view name) {
 }  // namespace
 
 bool may_differ_on_rerun(std::string_view name, OpCall call, DeterminismMode mode) {
-  if (mode.on && !mode.warn_only) return false;  // deterministic kernels, or the op raised
+  if (mode.strict()) return false;
   const Entry* e = find(name);
   if (e == nullptr || (!call.accelerator && !e->cpu_too) || (e->indexed && call.mask_indices)) return false;
   return !mode.on || !e->alternative;  // warn_only: only ops with no deterministic kernel

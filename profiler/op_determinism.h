@@ -19,6 +19,8 @@ namespace memplan {
 struct DeterminismMode {
   bool on = false;         // torch.are_deterministic_algorithms_enabled()
   bool warn_only = false;  // ... with warn_only=True
+  // Every op runs a deterministic kernel or raises: no op's re-run can differ.
+  bool strict() const { return on && !warn_only; }
 };
 
 // What the list's finer conditions need to know of one call.

@@ -65,7 +65,7 @@ inline std::optional<c10::OperatorHandle> rerun_handle(const at::RecordFunction&
   if (!op || !op->hasSchema()) return std::nullopt;
   if (fn.inputs().size() != op->schema().arguments().size()) return std::nullopt;  // kwarg-only oddities
   const DeterminismMode mode = determinism_mode();
-  if (!(mode.on && !mode.warn_only) && may_differ_on_rerun(fn.name(), op_call(fn.inputs()), mode)) {
+  if (!mode.strict() && may_differ_on_rerun(fn.name(), op_call(fn.inputs()), mode)) {  // op_call only if needed
     return std::nullopt;
   }
   return op;
