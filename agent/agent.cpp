@@ -25,6 +25,7 @@
 #include "hooks/cuda_tracker.h"
 #include "profiler/bytes.h"
 #include "profiler/kernel_times.h"
+#include "profiler/kind_profile.h"
 #include "profiler/nvtx_ranges.h"
 #include "profiler/op_hash.h"
 #include "profiler/profile_io.h"
@@ -703,7 +704,23 @@ void Agent::end_step(Profile p) {
     profile_next_ = false;  // reset here: begin_step may run more than once per step
     profiles_.push_back(std::move(p));
     outputs_written_ = false;
-    if (plan_now) plan_kind(profiles_.back());
+    if (plan_now) {
+      // The plan must hold for every step of the kind: its memory comes from the heaviest record
+      // of the kind (kind_profile.h), times from this one. The record is replaced, so the
+      // profile file, the summary and the trace show what was planned.
+      const size_t latest = profiles_.size() - 1;
+      const size_t heavy = heaviest_of_kind(profiles_, latest);
+      if (heavy != latest) {
+        info("step {} of this kind used more memory than step {} ({} against {} of activations, as under "
+             "gradient accumulation): the plan is made for its memory",
+             profiles_[heavy].step, profiles_[latest].step, format_bytes(profiles_[heavy].activation_bytes()),
+             format_bytes(profiles_[latest].activation_bytes()));
+        Profile merged = with_times_of(profiles_[heavy], profiles_[latest]);
+        merged.step = profiles_[latest].step;
+        profiles_[latest] = std::move(merged);
+      }
+      plan_kind(profiles_.back());
+    }
   }
   if (std::optional<std::string> why = kinds_.give_up()) {
     warn("{}: memplan stops planning and runs plain PyTorch from here", *why);
@@ -975,9 +992,9 @@ void Agent::write_report(const std::string& path) const {
   j["plans"] = plans;
   j["step_kinds"] = {{"kinds", kinds_.kinds()}, {"misses", kinds_.misses()}};
   nlohmann::json reps = nlohmann::json::array();
-  auto add = [&](const Replayer& r) {
-    const ReplayStats& st = const_cast<Replayer&>(r).stats();
-    reps.push_back({{"steps", st.steps}, {"evicted", st.evicted}, {"rebuilt", st.rebuilt},
+  auto add = [&](const PlanRecord& rec) {
+    const ReplayStats& st = rec.replayer->stats();
+    reps.push_back({{"kind", fmt::format("{:016x}", rec.kind)}, {"steps", st.steps}, {"evicted", st.evicted}, {"rebuilt", st.rebuilt},
                     {"on_demand", st.on_demand}, {"ops_rerun", st.ops_rerun},
                     {"not_rebuildable", st.not_rebuildable}, {"divergences", st.divergences},
                     {"ops_hooked", st.ops_hooked}, {"ops_unhooked", st.ops_unhooked},
@@ -990,7 +1007,7 @@ void Agent::write_report(const std::string& path) const {
                     {"family_baseline_bytes", st.family_baseline}});
   };
   for (const PlanRecord& rec : plans_) {
-    if (rec.replayer) add(*rec.replayer);
+    if (rec.replayer) add(rec);
   }
   j["replay"] = reps;
   std::ofstream f(path);

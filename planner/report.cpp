@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "planner/simulate.h"
 #include "profiler/bytes.h"
 
 namespace memplan::planner {
@@ -83,6 +84,71 @@ std::string format_sweep(const Planner& pl, int rows) {
                      format_bytes(r.plan.predicted_peak_bytes), over);
   }
   return s;
+}
+
+bool format_timeline_diff(const Profile& prof, const Plan& plan, const Profile& replay, int64_t step_bytes,
+                          std::string* out, std::string* error) {
+  if (replay.forward.size() != prof.forward.size() || replay.backward.size() != prof.backward.size()) {
+    *error = fmt::format("the replayed step has {} forward ops and {} backward nodes, the profile {} and {}",
+                         replay.forward.size(), replay.backward.size(), prof.forward.size(), prof.backward.size());
+    return false;
+  }
+  for (size_t i = 0; i < prof.forward.size(); ++i) {
+    if (replay.forward[i].name != prof.forward[i].name) {
+      *error = fmt::format("forward op {} is {} in the replayed step, {} in the profile", i,
+                           replay.forward[i].name, prof.forward[i].name);
+      return false;
+    }
+  }
+  Graph g;
+  if (!build_graph(prof, &g, error)) return false;
+  const SimResult sim = simulate(g, plan);
+  if (!sim.ok) {
+    *error = "the plan fails the simulator: " + sim.error;
+    return false;
+  }
+  // A planned recompute runs before its node's callbacks begin, so the recorder counts its
+  // memory in the op or node before (Recorder::absorb_gap); the simulator counts it in the node
+  // it serves. Both are compared here with the recorder's convention.
+  std::vector<int64_t> fwd_pred = sim.fwd_peak, bwd_pred = sim.bwd_peak;
+  for (size_t a = 0; a < plan.recomputes.size(); ++a) {
+    const int64_t j = plan.recomputes[a].before_bwd;
+    if (j == 0 && fwd_pred.empty()) continue;
+    int64_t& before = j > 0 ? bwd_pred[static_cast<size_t>(j - 1)] : fwd_pred.back();
+    before = std::max(before, sim.action_peak[a]);
+  }
+  // Measured numbers are put on the profile's baseline, as the report's measured peaks are.
+  const int64_t shift = prof.baseline_bytes - replay.baseline_bytes;
+  std::string text = fmt::format("{:>5} {:<44} {:>12} {:>12} {:>12} {:>12}\n", "", "op", "live diff",
+                                 "peak diff", "predicted", "measured");
+  int64_t last_live = 0, last_peak = 0, top_measured = 0, top_predicted = 0, excess = 0;
+  std::string top_measured_at, top_predicted_at, excess_at = "-";
+  auto row = [&](const std::string& where, const Op& op, int64_t pred_live, int64_t pred_peak) {
+    const int64_t live = op.live_after + shift, peak = std::max({op.peak, op.live_before, op.live_after}) + shift;
+    const int64_t dl = live - pred_live, dp = peak - pred_peak;
+    if (peak > top_measured) top_measured = peak, top_measured_at = where;
+    if (pred_peak > top_predicted) top_predicted = pred_peak, top_predicted_at = where;
+    if (dp > excess) excess = dp, excess_at = where;
+    if (std::llabs(dl - last_live) <= step_bytes && std::llabs(dp - last_peak) <= step_bytes) return;
+    text += fmt::format("{:>5} {:<44} {:>+12} {:>+12} {:>12} {:>12}\n", where, op.name.substr(0, 44), dl, dp,
+                        format_bytes(pred_peak), format_bytes(peak));
+    last_live = dl;
+    last_peak = dp;
+  };
+  for (size_t i = 0; i < prof.forward.size(); ++i) {
+    row(fmt::format("f{}", i), replay.forward[i], sim.fwd_live[i], fwd_pred[i]);
+  }
+  for (size_t j = 0; j < prof.backward.size(); ++j) {
+    row(fmt::format("b{}", j), replay.backward[j], sim.bwd_live[j], bwd_pred[j]);
+  }
+  *out = fmt::format("measured peak {} at {}, predicted {} at {} ({:+.1f}%); largest excess over the predicted "
+                     "peak of an op or node: {} B at {}\nrows where measured minus predicted changes by more "
+                     "than {} B (live after the op, peak during it):\n",
+                     format_bytes(top_measured), top_measured_at, format_bytes(top_predicted), top_predicted_at,
+                     top_predicted > 0 ? 100.0 * (static_cast<double>(top_measured) / top_predicted - 1) : 0.0,
+                     excess, excess_at, step_bytes) +
+         text;
+  return true;
 }
 
 }  // namespace memplan::planner

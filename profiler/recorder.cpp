@@ -51,6 +51,23 @@ void Recorder::begin_step(int64_t step_index) {
   memory_->reset_peak();
   in_step_ = true;
   skip_gap_ = false;
+  shifted_peak_ = 0;
+}
+
+void Recorder::raise_baseline(int64_t bytes) {
+  if (!in_step_) return;
+  profile_.baseline_bytes += bytes;
+  // Light records keep no per-op memory; their step's peak is still shifted.
+  for (std::vector<Op>* ops : {&profile_.forward, &profile_.backward}) {
+    for (Op& o : *ops) {
+      o.live_before += bytes;
+      o.live_after += bytes;
+      o.peak += bytes;
+    }
+  }
+  // An op or node still running keeps its shifted live_before; its end reads live memory,
+  // which now holds the state.
+  shifted_peak_ = std::max(shifted_peak_, memory_->peak()) + bytes;
 }
 
 int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
@@ -445,7 +462,7 @@ Profile Recorder::end_step() {
   if (!light_ && !profile_.backward.empty()) absorb_gap(&profile_.backward.back());
   profile_.backward_us = in_backward_ ? end - backward_t0_us_ : 0;
   if (!in_backward_) profile_.forward_us = end;
-  profile_.peak_bytes = std::max(memory_->peak(), profile_.baseline_bytes);
+  profile_.peak_bytes = std::max({memory_->peak(), shifted_peak_, profile_.baseline_bytes});
   profile_.end_bytes = memory_->live();
   profile_.overhead_us = static_cast<double>(overhead_ns_) / 1000.0;
   check_written(static_cast<int64_t>(profile_.backward.size()));

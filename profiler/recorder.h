@@ -82,10 +82,11 @@ class Recorder {
   int64_t live() const { return memory_->live(); }
   // Memory that stays allocated from here on but is not the step's: an optimizer's state made
   // by its first step, inside this step's window (ops recorded between a backward and the
-  // optimizer step open the next step). It counts as what was allocated when the step began.
-  void raise_baseline(int64_t bytes) {
-    if (in_step_) profile_.baseline_bytes += bytes;
-  }
+  // optimizer step open the next step; or an optimizer stepped from a post-accumulate-grad hook,
+  // one parameter at a time through the backward). It counts as what was allocated when the
+  // step began: the ops recorded so far are shifted up by it, as if it had existed since then
+  // (as it does in every later step). Cost: one pass over the step's records so far.
+  void raise_baseline(int64_t bytes);
   // The stretch since the last op began held an optimizer step (its callbacks off): what it
   // allocated is no op's (its state stays, counted by raise_baseline; its first step's is not in
   // any later step), so the next op does not add that stretch to the last one's peak.
@@ -159,6 +160,8 @@ class Recorder {
   void check_written(int64_t before_node);
   void absorb_gap(Op* previous);
   bool skip_gap_ = false;
+  // The step's peak before its last raise_baseline, shifted as the records were (0: none).
+  int64_t shifted_peak_ = 0;
   void update_held(int64_t op);
   int64_t current_op_ = -1;
   int64_t packs_in_op_ = 0;

@@ -1,8 +1,11 @@
 // memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks] [--no-whole-graph] [--no-local-search] [--no-compaction]
+// memplan-plan PROFILE --plan PLAN --against REPLAYED [--step BYTES]
 // Offline planning: prints the blocks, the chosen schedule and predicted peak/time vs the
-// un-planned step. Exit status: 0 ok (also when the budget is below the minimum: the
+// un-planned step. With --against: where a replayed step's recorded memory (MEMPLAN_LOG=debug
+// writes them beside the profile, .replayN.json) departs from the simulator's timeline for PLAN. Exit status: 0 ok (also when the budget is below the minimum: the
 // minimum-memory plan is printed and flagged), 2 bad arguments or a malformed profile, 3 internal.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
@@ -21,7 +24,11 @@ namespace {
 
 const char* kUsage =
     "usage: memplan-plan PROFILE [--budget B] [--sweep] [-o plan.json] [--no-blocks] [--no-whole-graph] [--no-local-search] [--no-compaction]\n"
-    "  B: bytes with a unit (300MiB, 1.5GB, 123456) or a percentage of activation memory (50%)\n";
+    "       memplan-plan PROFILE --plan PLAN --against REPLAYED_STEP [--step BYTES]\n"
+    "  B: bytes with a unit (300MiB, 1.5GB, 123456) or a percentage of activation memory (50%)\n"
+    "  --against: where REPLAYED_STEP's memory (a record MEMPLAN_LOG=debug writes, .replayN.json) departs\n"
+    "    from the simulator's timeline for PLAN (the plan it replayed); rows where the difference changes\n"
+    "    by more than BYTES (default 4096)\n";
 
 int usage(const std::string& why) {
   fmt::print(stderr, "memplan-plan: {} (see --help)\n", why);
@@ -31,7 +38,8 @@ int usage(const std::string& why) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string path, out, budget_text;
+  std::string path, out, budget_text, plan_path, against_path;
+  int64_t step_bytes = 4096;
   bool sweep = false, blocks = true;
   PlannerOptions popt;
   for (int i = 1; i < argc; ++i) {
@@ -44,6 +52,17 @@ int main(int argc, char** argv) {
     } else if (a == "-o" || a == "--output") {
       if (++i >= argc) return usage("-o needs a path");
       out = argv[i];
+    } else if (a == "--plan" || a == "--against" || a == "--step") {
+      if (++i >= argc) return usage(a + " needs a value");
+      if (a == "--plan") {
+        plan_path = argv[i];
+      } else if (a == "--against") {
+        against_path = argv[i];
+      } else {
+        char* end = nullptr;
+        step_bytes = std::strtoll(argv[i], &end, 10);
+        if (end == argv[i] || *end != '\0' || step_bytes < 0) return usage("--step needs a byte count");
+      }
     } else if (a == "--sweep") {
       sweep = true;
     } else if (a == "--no-blocks") {
@@ -79,6 +98,22 @@ int main(int argc, char** argv) {
   if (!read_profile_file(path, &prof, &err)) {
     fmt::print(stderr, "memplan-plan: {}: {}\n", path, err);
     return 2;
+  }
+  if (!against_path.empty() || !plan_path.empty()) {
+    if (against_path.empty() || plan_path.empty()) return usage("--plan and --against go together");
+    Plan plan;
+    Profile replay;
+    std::string text;
+    if (!read_plan_file(plan_path, &plan, &err) || !read_profile_file(against_path, &replay, &err)) {
+      fmt::print(stderr, "memplan-plan: {}\n", err);
+      return 2;
+    }
+    if (!format_timeline_diff(prof, plan, replay, step_bytes, &text, &err)) {
+      fmt::print(stderr, "memplan-plan: {}\n", err);
+      return 2;
+    }
+    fmt::print("{}", text);
+    return 0;
   }
   Planner pl;
   if (!pl.prepare(prof, popt, &err)) {

@@ -1,11 +1,13 @@
 """Replay: an unmodified training step fits MEMPLAN_BUDGET with losses and every gradient
 bit-identical (torch.equal) to the run without memplan, for each model of the zoo."""
 import json
+import re
+import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, Runner, assert_same_dumps, load_profile, losses, nvtx_recorder, torchrun
+from conftest import BUILD, ROOT, Runner, assert_same_dumps, load_profile, losses, nvtx_recorder, torchrun
 
 ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
 BUDGETS = ["70%", "50%", "min"]
@@ -176,6 +178,19 @@ def test_coexistence_with_a_budget(runner, plain_runs, extra):
     p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
 
 
+def test_gradient_accumulation_plans_for_the_micro_step_that_allocates_the_gradients(runner, plain_runs):
+    # Two forward/backward passes per optimizer step: the first allocates every gradient, the
+    # second adds into them; one kind of step. The plan came from the latest warm-up record (a
+    # second micro-step), and every first micro-step passed its predicted peak by what the
+    # gradients add where the CNN peaks, late in backward (the views model: +11%, tools/soak.py).
+    # The plan is now made for the heavier record's memory: every step within 1% of it.
+    p, report = identical_replay(runner, plain_runs, "cnn", "50%", ["--accum", "2"])
+    assert "used more memory than step" in p.stderr
+    assert report["replay"] and report["replay"][0]["steps"] >= 8
+    worst = max(measured_peaks(report))
+    assert abs(worst / report["plan"]["predicted_peak_bytes"] - 1) <= 0.01, (worst, report["plan"])
+
+
 def test_inplace_error_unchanged_with_a_budget(runner):
     args = ["--model", "mlp", "--steps", "3", "--inplace-error"]
     plain = runner.run(args, check=False)
@@ -256,13 +271,19 @@ def test_layers_after_a_data_dependent_row_count_are_evicted_as_planned(runner, 
     assert max(peaks) < plan["unplanned_peak_bytes"]
 
 
-def test_an_optimizer_step_in_backward_needs_no_copy_of_the_parameters(runner, plain_runs):
+@pytest.mark.parametrize("warmup", [2, 1])
+def test_an_optimizer_step_in_backward_needs_no_copy_of_the_parameters(runner, plain_runs, warmup):
     # PyTorch's optimizer-in-backward recipe: each parameter is updated from its
     # post-accumulate-grad hook while backward still runs. The profile sees the parameters written
     # in backward; but every re-run reads a parameter before its gradient is complete, so before
     # its update, and nothing is copied: the peaks stay as predicted.
+    # With one warm-up step the profiled step is the first, whose backward makes Adam's state one
+    # parameter at a time. That state is baseline (every later step starts with it), so the ops
+    # recorded before each piece of it are counted as if it were there: before, they were not,
+    # the profile's activations came out half of a later step's, and the replay measured +44%
+    # over the prediction (found by tools/soak.py).
     extra = ["--optimizer-in-backward"]
-    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra, env={"MEMPLAN_WARMUP": warmup})
     assert report["replay"]
     for r in report["replay"]:
         assert r["evicted"] > 0 and r["rebuilt"] == r["evicted"] and r["snapshots"] == 0, r
@@ -506,6 +527,48 @@ def test_inplace_activations_are_rebuilt_on_a_scratch_copy_that_is_no_leaf(runne
     r = report["replay"][0]
     assert r["evicted"] > 0 and r["rebuilt"] == r["evicted"] and r["on_demand"] == 0
     assert "recompute failed" not in p.stderr and "could not restore" not in p.stderr
+
+
+def test_an_in_place_re_run_writes_the_rebuilds_own_tensor_without_a_copy(runner, plain_runs):
+    # The same block, rebuilt whole before hardswish_'s backward (a plan forced by hand, as
+    # the minimum-memory plan may make it): the re-run of hardswish_ writes the BatchNorm output
+    # the same rebuild just made. That tensor was copied first, as a live one must be, and the
+    # copy was memory the simulator does not count: +10.7% over the predicted peak at the CNN's
+    # minimum (found by tools/soak.py). Nothing else holds it, so it is now written in place.
+    extra = ["--hardswish"]
+    replay(runner, "cnn", "min", extra, env={"MEMPLAN_PLAN_CACHE": "cache"})
+    prof = json.loads((runner.tmp / "memplan-profile.json").read_text())
+    fwd, values = prof["forward"], prof["values"]
+    act = max(i for i, op in enumerate(fwd) if op["name"] == "aten::hardswish_")  # its conv reads a pool
+    bn, conv = act - 1, act - 3
+    assert (fwd[bn]["name"], fwd[conv]["name"]) == ("aten::batch_norm", "aten::conv2d")
+    bn_out = fwd[bn]["outputs"][0]["value"]
+    block = [v for v, val in enumerate(values)
+             if val["producer"] in (conv, bn, act) and val["unpacked_by"] and v != bn_out]
+    first_use = min(min(values[v]["unpacked_by"]) for v in block)
+    (cached,) = (runner.tmp / "cache").glob("plan-*.json")
+    plan = json.loads(cached.read_text())
+    plan.update(evictions=[{"value": v, "after_fwd": act} for v in block],
+                recomputes=[{"before_bwd": first_use, "ops": [conv, bn, act], "keep": block}],
+                holds=[], releases=[], compactions=[])
+    (runner.tmp / "block.json").write_text(json.dumps(plan))
+    p, report = identical_replay(runner, plain_runs, "cnn", "min", extra,
+                                 env={"MEMPLAN_PLAN": "block.json", "MEMPLAN_LOG": "debug"})
+    assert "fails the simulator" not in p.stderr
+    for r in report["replay"]:
+        assert r["evicted"] == r["rebuilt"] == len(block) * r["steps"] and r["on_demand"] == 0, r
+    # The plan file's predicted peak is the cached plan's: the simulator's for this plan, against
+    # a replayed step's record (MEMPLAN_LOG=debug writes them), comes from memplan-plan.
+    replayed = sorted(runner.tmp.glob("memplan-profile.json.replay*.json"))
+    assert replayed
+    out = subprocess.run([str(BUILD / "memplan-plan"), str(runner.tmp / "memplan-profile.json"), "--plan",
+                          str(runner.tmp / "block.json"), "--against", str(replayed[-1])],
+                         capture_output=True, text=True, check=True).stdout
+    error = float(re.search(r"\(([-+]\d+\.\d)%\)", out.splitlines()[0]).group(1))
+    assert abs(error) <= 1.0, out
+    # The copy did not always make the step's peak, but it always made the rebuild's.
+    excess = int(re.search(r"largest excess over the predicted peak of an op or node: (-?\d+) B", out).group(1))
+    assert excess < 64 * 1024, out
 
 
 def test_a_custom_autograd_function_is_never_re_run_and_the_peak_is_as_predicted(runner, plain_runs):

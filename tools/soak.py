@@ -1,0 +1,139 @@
+"""Randomized differential soak: random model variants, budgets and warm-up lengths, each run
+with and without memplan; reports any run whose losses, gradients or buffers differ, that
+crashed, or whose replayed peak passed a feasible budget or its prediction by more than 5%.
+
+Not a test (it has no fixed cases and takes as long as it is given); a search for the
+combinations the tests do not name. Every configuration it prints can be rerun alone with
+--replay 'CONFIG' (the printed JSON).
+
+    python tools/soak.py --minutes 30 --seed 1 [--jobs 2]
+"""
+import argparse
+import json
+import random
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import memplan_runs  # noqa: E402
+
+# Flags of examples/train.py per model; a configuration takes a few at random. Flags that need
+# another process (torchrun), raise on purpose, or turn determinism off are left out.
+GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-depth", "--noisy-op",
+        "--accum 2", "--eval-every 3", "--seq-change-at 5", "--masked-loss", "--pos-first",
+        "--index-copy", "--shift-buffer late", "--shift-buffer early", "--shift-buffer backward",
+        "--user-hooks", "--func", "--skip-block-at 4", "--optimizer-in-backward",
+        "--log-params-before-step", "--seq-cycle 64,48", "--depth-random", "--small",
+        "--torch-profiler", "--backward-in-user-hooks"]
+FLAGS = {
+    "gpt2": GPT2,
+    "cnn": ["--hardswish", "--accum 2", "--eval-every 2", "--small", "--optimizer-in-backward"],
+    "mlp": ["--shared-layer", "--detached-side", "--small", "--drop-rows", "--release-params",
+            "--accum 3", "--optimizer-in-backward"],
+    "views": ["--accum 2", "--eval-every 2"],
+    "tied": ["--accum 2", "--eval-every 3", "--func"],
+    "lstm": ["--accum 2", "--eval-every 2"],
+}
+# gpt2 is the product's case: drawn as often as the rest together.
+WEIGHTS = {"gpt2": 5, "cnn": 2, "mlp": 1, "views": 1, "tied": 1, "lstm": 1}
+
+
+def draw(rng):
+    model = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+    flags = rng.sample(FLAGS[model], k=rng.randint(0, min(3, len(FLAGS[model]))))
+    budget = rng.choice([f"{rng.randint(25, 110)}%", f"{rng.randint(25, 110)}%", "1%"])
+    return {"model": model, "flags": flags, "budget": budget, "warmup": rng.randint(1, 3),
+            "steps": rng.randint(7, 10), "batch": rng.choice([4, 8])}
+
+
+def check(cfg):
+    """Runs one configuration both ways; returns (ok, what) with what naming any failure."""
+    args = [a for f in cfg["flags"] for a in f.split()] + ["--batch", str(cfg["batch"])]
+    try:
+        plain = memplan_runs.run(cfg["model"], cfg["steps"], memplan=False, extra_args=args)
+        mp = memplan_runs.run(cfg["model"], cfg["steps"], budget=cfg["budget"], extra_args=args,
+                              warmup=cfg["warmup"])
+    except RuntimeError as e:
+        return False, "crashed: " + str(e)[-1500:]
+    try:
+        same, what = memplan_runs.same_results(plain["dir"], mp["dir"])
+        if same:
+            same, what = same_buffers(plain["dir"], mp["dir"])
+        if not same:
+            return False, "differs: " + what
+        if plain["stdout"] != mp["stdout"]:
+            return False, "stdout differs"
+        rep = mp.get("report") or {}
+        plans = {p["kind"]: p for p in rep.get("plans", [])}
+        notes = []
+        for r in rep.get("replay", []):
+            plan = plans[r["kind"]]
+            peaks = [p - b + plan["baseline_bytes"]
+                     for p, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
+            if not peaks:
+                continue
+            err = max(peaks) / plan["predicted_peak_bytes"] - 1
+            notes.append(f"peak {err * 100:+.1f}% vs predicted")
+            if err > 0.05:
+                return False, f"peak {err * 100:+.1f}% over the prediction; " + trace(mp)
+            if plan["feasible"] and max(peaks) > plan["budget_bytes"] * 1.01:
+                return False, f"peak {max(peaks)} over the feasible budget {plan['budget_bytes']}; " + trace(mp)
+        warn = [ln for ln in mp["stderr"].splitlines() if "[memplan]" in ln]
+        notes.append(f"{len(warn)} messages")
+        return True, ", ".join(notes)
+    finally:
+        memplan_runs.discard(plain)
+        memplan_runs.discard(mp)
+
+
+def same_buffers(a_dir, b_dir):
+    import torch
+
+    a, b = torch.load(Path(a_dir) / "dump.pt"), torch.load(Path(b_dir) / "dump.pt")
+    for i, (x, y) in enumerate(zip(a.get("buffers", []), b.get("buffers", []))):
+        for name in x:
+            if name not in y or not torch.equal(x[name], y[name]):
+                return False, f"buffer {name} at step {i}"
+    return True, ""
+
+
+def trace(run):
+    return " | ".join(ln for ln in run["stderr"].splitlines() if "[memplan]" in ln)[-1500:]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="configurations run at once")
+    p.add_argument("--replay", help="one configuration (JSON, as printed) to run alone")
+    a = p.parse_args()
+    if a.replay:
+        ok, what = check(json.loads(a.replay))
+        print("ok" if ok else "FAIL", what)
+        return 0 if ok else 1
+    rng = random.Random(a.seed)
+    end = time.time() + a.minutes * 60
+    failures, done = [], 0
+
+    def one(cfg):
+        return cfg, *check(cfg)
+
+    with ThreadPoolExecutor(a.jobs) as pool:
+        pending = [pool.submit(one, draw(rng)) for _ in range(a.jobs)]
+        while pending:
+            cfg, ok, what = pending.pop(0).result()
+            done += 1
+            print(("ok   " if ok else "FAIL ") + json.dumps(cfg) + "  " + what, flush=True)
+            if not ok:
+                failures.append(cfg)
+            if time.time() < end:
+                pending.append(pool.submit(one, draw(rng)))
+    print(f"{done} configurations, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
