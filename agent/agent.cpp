@@ -705,19 +705,16 @@ void Agent::end_step(Profile p) {
     profiles_.push_back(std::move(p));
     outputs_written_ = false;
     if (plan_now) {
-      // The plan must hold for every step of the kind: its memory comes from the heaviest record
-      // of the kind (kind_profile.h), times from this one. The record is replaced, so the
-      // profile file, the summary and the trace show what was planned.
-      const size_t latest = profiles_.size() - 1;
-      const size_t heavy = heaviest_of_kind(profiles_, latest);
-      if (heavy != latest) {
-        info("step {} of this kind used more memory than step {} ({} against {} of activations, as under "
-             "gradient accumulation): the plan is made for its memory",
-             profiles_[heavy].step, profiles_[latest].step, format_bytes(profiles_[heavy].activation_bytes()),
-             format_bytes(profiles_[latest].activation_bytes()));
-        Profile merged = with_times_of(profiles_[heavy], profiles_[latest]);
-        merged.step = profiles_[latest].step;
-        profiles_[latest] = std::move(merged);
+      // A step of the kind may allocate gradients this record added into (kind_profile.h):
+      // the plan counts them. The record is replaced, so the profile file, the summary and the
+      // trace show what was planned.
+      FreshGradients fresh;
+      Profile planned = with_fresh_gradients(profiles_, profiles_.size() - 1, &fresh);
+      if (fresh.bytes > 0) {
+        info("step {} allocated {} of gradients that step {} of the same kind added into (gradient "
+             "accumulation): the plan counts them",
+             fresh.from_step, format_bytes(fresh.bytes), profiles_.back().step);
+        profiles_.back() = std::move(planned);
       }
       plan_kind(profiles_.back());
     }

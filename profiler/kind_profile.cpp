@@ -1,8 +1,12 @@
 #include "profiler/kind_profile.h"
 
+#include <algorithm>
+
 namespace memplan {
 
 namespace {
+
+constexpr const char* kAccumulateGrad = "torch::autograd::AccumulateGrad";
 
 bool same_ops(const std::vector<Op>& a, const std::vector<Op>& b) {
   if (a.size() != b.size()) return false;
@@ -11,40 +15,54 @@ bool same_ops(const std::vector<Op>& a, const std::vector<Op>& b) {
   return true;
 }
 
+int64_t allocated(const Op& n) { return n.live_after - n.live_before; }
+
 }  // namespace
 
-size_t heaviest_of_kind(const std::vector<Profile>& recorded, size_t latest, double margin) {
-  const Profile& last = recorded[latest];
-  const double floor = static_cast<double>(last.activation_bytes()) * (1.0 + margin);
-  size_t best = latest;
-  int64_t best_bytes = last.activation_bytes();
-  for (size_t i = 0; i < recorded.size(); ++i) {
-    const Profile& p = recorded[i];
-    if (i == latest || p.signature != last.signature || p.activation_bytes() <= best_bytes) continue;
-    if (static_cast<double>(p.activation_bytes()) <= floor) continue;
-    if (!same_ops(p.forward, last.forward) || !same_ops(p.backward, last.backward)) continue;
-    best = i;
-    best_bytes = p.activation_bytes();
-  }
-  return best;
-}
-
-Profile with_times_of(Profile memory, const Profile& times) {
-  auto copy = [](std::vector<Op>& to, const std::vector<Op>& from) {
-    for (size_t i = 0; i < to.size() && i < from.size(); ++i) {
-      to[i].start_us = from[i].start_us;
-      to[i].time_us = from[i].time_us;
-      to[i].cpu_us = from[i].cpu_us;
-      to[i].cupti_us = from[i].cupti_us;
-      to[i].event_us = from[i].event_us;
+Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out) {
+  Profile p = recorded[latest];
+  std::vector<int64_t> extra(p.backward.size(), 0);
+  // Per node: the most any record's memory rose above the node's start while it ran (a first
+  // micro-step's AccumulateGrad may copy the incoming gradient rather than keep it: both live,
+  // then an optimizer stepped in its hook adds its temporaries on top).
+  std::vector<int64_t> rise(p.backward.size(), 0);
+  for (size_t j = 0; j < p.backward.size(); ++j) rise[j] = p.backward[j].peak - p.backward[j].live_before;
+  std::vector<int64_t> by_record(recorded.size(), 0);
+  for (size_t r = 0; r < recorded.size(); ++r) {
+    const Profile& o = recorded[r];
+    // Same ops, sizes aside: a parameter's gradient does not follow the data's sizes (a loss
+    // over the rows a mask keeps makes every step's sizes its own).
+    if (r == latest || o.structure_signature != p.structure_signature || !same_ops(o.forward, p.forward) ||
+        !same_ops(o.backward, p.backward))
+      continue;
+    for (size_t j = 0; j < p.backward.size(); ++j) {
+      if (p.backward[j].name != kAccumulateGrad) continue;
+      rise[j] = std::max(rise[j], o.backward[j].peak - o.backward[j].live_before);
+      const int64_t more = allocated(o.backward[j]) - allocated(p.backward[j]);
+      if (more <= 0) continue;
+      by_record[r] += more;
+      extra[j] = std::max(extra[j], more);
     }
-  };
-  copy(memory.forward, times.forward);
-  copy(memory.backward, times.backward);
-  memory.forward_us = times.forward_us;
-  memory.backward_us = times.backward_us;
-  memory.overhead_us = times.overhead_us;
-  return memory;
+  }
+  if (out) *out = FreshGradients{};
+  if (std::all_of(extra.begin(), extra.end(), [](int64_t e) { return e == 0; })) return p;
+  int64_t added = 0;
+  for (size_t j = 0; j < p.backward.size(); ++j) {
+    Op& n = p.backward[j];
+    n.live_before += added;
+    n.peak = std::max(n.peak + added, n.live_before + rise[j]);
+    added += extra[j];
+    n.live_after += added;
+    n.peak = std::max(n.peak, n.live_after);
+    p.peak_bytes = std::max(p.peak_bytes, n.peak);
+  }
+  p.end_bytes += added;
+  if (out) {
+    out->bytes = added;
+    const size_t r = static_cast<size_t>(std::max_element(by_record.begin(), by_record.end()) - by_record.begin());
+    out->from_step = recorded[r].step;
+  }
+  return p;
 }
 
 }  // namespace memplan

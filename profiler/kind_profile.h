@@ -1,10 +1,12 @@
-// Which record of a kind of step the planner gets. Steps of one kind run the same ops but need
-// not use the same memory: under gradient accumulation the first micro-step of each optimizer
-// step allocates every gradient (none exists yet), the next ones add into them. The latest record
-// may be the lighter one, and a plan made from it let the other steps pass the prediction by the
-// gradients (a model whose peak comes late in backward: +40% at 32%, tools/soak.py). The plan
-// must hold for every step of the kind, so it gets the heaviest record's memory, with the latest
-// record's times (a first step's times carry one-time costs). Torch-free.
+// The record of a kind of step the planner gets. Steps of one kind run the same ops but need not
+// allocate the same memory: under gradient accumulation the first micro-step of each optimizer
+// step allocates every gradient (none exists: AccumulateGrad keeps the incoming one), the next
+// ones add into them and free the incoming one. A budget caps what a step allocates, so the
+// first micro-step is the heavier; when the latest warm-up record was a later micro-step, the
+// plan let every first one pass its predicted peak by the gradients (a CNN with --accum 2 at
+// 50%: +6.2%; tools/soak.py). The plan gets the latest record with, at each AccumulateGrad node,
+// the most another record of the kind allocated there beyond it. Only gradients: a first step's
+// other allocations (a library's workspace made once) are not every step's. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -14,14 +16,17 @@
 
 namespace memplan {
 
-// Index into `recorded` of the record of `recorded[latest]`'s kind (same signature) with the
-// highest activation peak (peak minus baseline), when it passes the latest's by more than
-// `margin` of it (allocator noise stays with the latest), and its ops and nodes are the
-// latest's by name; else `latest`.
-size_t heaviest_of_kind(const std::vector<Profile>& recorded, size_t latest, double margin = 0.01);
+struct FreshGradients {
+  int64_t bytes = 0;      // added by the end of the step (0: the latest record as it is)
+  int64_t from_step = -1; // the record that allocated the most of them
+};
 
-// `memory` with every time of `times` (per op and node, and the step's): the two must be records
-// of one kind of step, as heaviest_of_kind checks.
-Profile with_times_of(Profile memory, const Profile& times);
+// `recorded[latest]` with, from each AccumulateGrad node on, what other records of its kind
+// allocated there beyond it (records of the same ops and nodes, by structure signature and name:
+// sizes may differ): every later live and peak count is raised by it; and each AccumulateGrad
+// node's peak rises above its start as much as it did in any of them. `*out` (may be null) says
+// how much was added and from which record. Only when some record allocated more is anything
+// changed (else the latest record as it is).
+Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out = nullptr);
 
 }  // namespace memplan

@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,12 +27,14 @@ def _env(extra):
 # directory that goes away when the calling script exits, even on an exception; discard() frees
 # a run's files sooner.
 _scratch = None
+_scratch_lock = threading.Lock()  # runs may start from several threads (tools/soak.py --jobs)
 
 
 def _new_workdir():
     global _scratch
-    if _scratch is None:
-        _scratch = tempfile.TemporaryDirectory(prefix="memplan-runs-")
+    with _scratch_lock:
+        if _scratch is None:
+            _scratch = tempfile.TemporaryDirectory(prefix="memplan-runs-")
     return Path(tempfile.mkdtemp(dir=_scratch.name))
 
 
@@ -59,7 +62,7 @@ def run(model, steps, budget=None, memplan=True, extra_args=(), python=sys.execu
     cmd = [str(LAUNCHER), *args] if memplan else args
     p = subprocess.run(cmd, cwd=work, env=_env(env), capture_output=True, text=True)
     if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-4000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit status {p.returncode}):\n{p.stderr[-4000:]}")
     out = {"dir": work, "stdout": p.stdout, "stderr": p.stderr}
     times = json.loads((work / "times.json").read_text())
     # Steps before and at the plan are warm-up; time the ones after.

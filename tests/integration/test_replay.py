@@ -182,10 +182,11 @@ def test_gradient_accumulation_plans_for_the_micro_step_that_allocates_the_gradi
     # Two forward/backward passes per optimizer step: the first allocates every gradient, the
     # second adds into them; one kind of step. The plan came from the latest warm-up record (a
     # second micro-step), and every first micro-step passed its predicted peak by what the
-    # gradients add where the CNN peaks, late in backward (the views model: +11%, tools/soak.py).
-    # The plan is now made for the heavier record's memory: every step within 1% of it.
+    # gradients add where the CNN peaks, late in backward (+6.2%; the views model +11%, found by
+    # tools/soak.py). The plan now counts the gradients the first micro-step allocates: every
+    # step within 1% of it.
     p, report = identical_replay(runner, plain_runs, "cnn", "50%", ["--accum", "2"])
-    assert "used more memory than step" in p.stderr
+    assert p.stderr.count("of gradients that step 1 of the same kind added into") == 1
     assert report["replay"] and report["replay"][0]["steps"] >= 8
     worst = max(measured_peaks(report))
     assert abs(worst / report["plan"]["predicted_peak_bytes"] - 1) <= 0.01, (worst, report["plan"])

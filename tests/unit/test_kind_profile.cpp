@@ -1,4 +1,4 @@
-// Which record of a kind of step the planner gets (profiler/kind_profile.h).
+// The record of a kind of step the planner gets (profiler/kind_profile.h).
 #include <gtest/gtest.h>
 
 #include "profiler/kind_profile.h"
@@ -6,66 +6,111 @@
 namespace memplan {
 namespace {
 
-Op op(const std::string& name, double us) {
+Op node(const std::string& name, int64_t before, int64_t after, int64_t peak) {
   Op o;
   o.name = name;
-  o.time_us = o.cpu_us = us;
+  o.live_before = before;
+  o.live_after = after;
+  o.peak = peak;
   return o;
 }
 
-// A record of `signature` with activation peak `act` over a 1000-byte baseline and op times
-// scaled by `slow`.
-Profile record(int64_t step, uint64_t signature, int64_t act, double slow = 1.0) {
+constexpr const char* kAcc = "torch::autograd::AccumulateGrad";
+
+// A micro-step of gradient accumulation on a 1000-byte baseline: one linear layer whose weight
+// gradient is 100 bytes. `first`: no gradient exists, AccumulateGrad keeps the incoming one
+// (nothing freed); else it adds into the existing one and frees the incoming one.
+Profile micro(int64_t step, bool first, int64_t one_time = 0) {
   Profile p;
   p.step = step;
-  p.signature = signature;
-  p.baseline_bytes = 1000;
-  p.peak_bytes = 1000 + act;
-  p.forward = {op("aten::linear", 10 * slow), op("aten::relu", 2 * slow)};
-  p.backward = {op("ReluBackward0", 3 * slow), op("AddmmBackward0", 20 * slow)};
-  p.forward[0].live_after = 1000 + act;  // a memory field that must come from the heavy record
-  p.forward_us = 12 * slow;
-  p.backward_us = 23 * slow;
+  p.signature = p.structure_signature = 7;
+  p.baseline_bytes = first ? 1000 : 1100;
+  Op f;
+  f.name = "aten::linear";
+  f.live_before = p.baseline_bytes;
+  f.live_after = f.peak = p.baseline_bytes + 500 + one_time;  // a library's workspace, made once
+  p.forward = {f};
+  const int64_t b = f.live_after;
+  p.backward = {node("AddmmBackward0", b, b - 400 + 100, b + 100),   // activations freed, gradient made
+                node(kAcc, b - 300, first ? b - 300 : b - 400, b - 300),
+                node("TBackward0", first ? b - 300 : b - 400, first ? b - 300 : b - 400, first ? b - 300 : b - 400)};
+  p.peak_bytes = b + 100;
+  p.end_bytes = p.backward.back().live_after;
   return p;
 }
 
-TEST(KindProfile, TheHeaviestRecordOfTheKindWins) {
-  // Gradient accumulation: step 0 allocates the gradients, step 1 adds into them; step 2 is
-  // another kind, heavier still, and does not count.
-  std::vector<Profile> r = {record(0, 7, 5000), record(1, 7, 3000), record(2, 9, 9000), record(3, 7, 3000)};
-  EXPECT_EQ(heaviest_of_kind(r, 3), 0u);
-  EXPECT_EQ(heaviest_of_kind(r, 2), 2u);  // alone in its kind
+TEST(KindProfile, GradientsAnotherMicroStepAllocatedAreCountedFromTheirNodeOn) {
+  const std::vector<Profile> r = {micro(0, true), micro(1, false)};
+  FreshGradients fresh;
+  const Profile p = with_fresh_gradients(r, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 100);
+  EXPECT_EQ(fresh.from_step, 0);
+  const Profile& latest = r[1];
+  EXPECT_EQ(p.backward[0].live_after, latest.backward[0].live_after);  // before the node: as it was
+  EXPECT_EQ(p.backward[1].live_before, latest.backward[1].live_before);
+  EXPECT_EQ(p.backward[1].live_after, latest.backward[1].live_after + 100);
+  EXPECT_EQ(p.backward[2].live_before, latest.backward[2].live_before + 100);
+  EXPECT_EQ(p.backward[2].peak, latest.backward[2].peak + 100);
+  EXPECT_EQ(p.end_bytes, latest.end_bytes + 100);
+  // What the step allocates is the first micro-step's, on this record's baseline.
+  EXPECT_EQ(p.backward[2].live_after - p.baseline_bytes, r[0].backward[2].live_after - r[0].baseline_bytes);
+  EXPECT_EQ(p.forward[0].live_after, latest.forward[0].live_after);
 }
 
-TEST(KindProfile, NoiseStaysWithTheLatest) {
-  std::vector<Profile> r = {record(0, 7, 3020), record(1, 7, 3000)};
-  EXPECT_EQ(heaviest_of_kind(r, 1), 1u);          // 0.7% heavier: within the 1% margin
-  EXPECT_EQ(heaviest_of_kind(r, 1, 0.001), 0u);   // beyond a 0.1% margin
-  r[0].peak_bytes = 1000 + 2000;                  // lighter
-  EXPECT_EQ(heaviest_of_kind(r, 1, 0.0), 1u);
+TEST(KindProfile, AFirstStepsOtherAllocationsAreNotEveryStepsAndALighterRecordLendsNothing) {
+  // The first record also made a 300-byte workspace in its forward: not counted.
+  const std::vector<Profile> r = {micro(0, true, 300), micro(1, false)};
+  FreshGradients fresh;
+  const Profile p = with_fresh_gradients(r, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 100);
+  EXPECT_EQ(p.forward[0].live_after, r[1].forward[0].live_after);
+  // The other way round: the latest is the first micro-step; the second allocates less.
+  const Profile q = with_fresh_gradients({micro(0, false), micro(1, true)}, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 0);
+  EXPECT_EQ(fresh.from_step, -1);
+  EXPECT_EQ(q.peak_bytes, micro(1, true).peak_bytes);
 }
 
-TEST(KindProfile, OtherOpsNeverLendTheirMemory) {
-  std::vector<Profile> r = {record(0, 7, 5000), record(1, 7, 3000)};
-  r[0].backward[1].name = "MmBackward0";  // same signature, another node: not comparable
-  EXPECT_EQ(heaviest_of_kind(r, 1), 1u);
-  r[0].backward.pop_back();
-  EXPECT_EQ(heaviest_of_kind(r, 1), 1u);
+TEST(KindProfile, OtherKindsAndOtherNodesLendNothing) {
+  std::vector<Profile> r = {micro(0, true), micro(1, false)};
+  r[0].structure_signature = 9;
+  FreshGradients fresh;
+  with_fresh_gradients(r, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 0);
+  r[0].structure_signature = 7;
+  r[0].signature = 8;  // other sizes, same ops (data-dependent sizes): it counts
+  with_fresh_gradients(r, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 100);
+  r[0].backward[0].name = "MmBackward0";  // same signature, another node: not comparable
+  with_fresh_gradients(r, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 0);
 }
 
-TEST(KindProfile, MemoryOfOneTimesOfTheOther) {
-  const Profile heavy = record(0, 7, 5000, /*slow=*/3.0);  // a first step: slow
-  const Profile latest = record(1, 7, 3000);
-  const Profile m = with_times_of(heavy, latest);
-  EXPECT_EQ(m.peak_bytes, heavy.peak_bytes);
-  EXPECT_EQ(m.forward[0].live_after, heavy.forward[0].live_after);
-  for (size_t i = 0; i < m.forward.size(); ++i) {
-    EXPECT_EQ(m.forward[i].time_us, latest.forward[i].time_us);
-    EXPECT_EQ(m.forward[i].cpu_us, latest.forward[i].cpu_us);
-  }
-  for (size_t i = 0; i < m.backward.size(); ++i) EXPECT_EQ(m.backward[i].time_us, latest.backward[i].time_us);
-  EXPECT_EQ(m.forward_us, latest.forward_us);
-  EXPECT_EQ(m.backward_us, latest.backward_us);
+TEST(KindProfile, EachNodeTakesTheMostAnyRecordAllocated) {
+  // Three records: two first micro-steps, one of them allocating more at the node.
+  std::vector<Profile> r = {micro(0, true), micro(1, true), micro(2, false)};
+  r[1].backward[1].live_after += 40;
+  FreshGradients fresh;
+  const Profile p = with_fresh_gradients(r, 2, &fresh);
+  EXPECT_EQ(fresh.bytes, 140);
+  EXPECT_EQ(fresh.from_step, 1);
+  EXPECT_EQ(p.backward[2].live_before, r[2].backward[2].live_before + 140);
+}
+
+TEST(KindProfile, AnAccumulateGradNodeRisesAsHighAsInAnyRecord) {
+  // The first micro-step copied the incoming gradient (both alive for a moment) where the latest
+  // added into the existing one.
+  std::vector<Profile> r = {micro(0, true), micro(1, false)};
+  Op& acc = r[0].backward[1];
+  acc.peak = acc.live_before + 100;
+  FreshGradients fresh;
+  const Profile p = with_fresh_gradients(r, 1, &fresh);
+  EXPECT_EQ(p.backward[1].peak - p.backward[1].live_before, 100);
+  // Without fresh gradients nothing changes, however high a node rose elsewhere.
+  const std::vector<Profile> same = {r[0], r[0]};
+  const Profile q = with_fresh_gradients(same, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 0);
+  EXPECT_EQ(q.backward[1].peak, r[0].backward[1].peak);
 }
 
 }  // namespace
