@@ -991,8 +991,8 @@ void Agent::write_report(const std::string& path) const {
   nlohmann::json reps = nlohmann::json::array();
   auto add = [&](const PlanRecord& rec) {
     const ReplayStats& st = rec.replayer->stats();
-    reps.push_back({{"kind", fmt::format("{:016x}", rec.kind)}, {"steps", st.steps}, {"evicted", st.evicted}, {"rebuilt", st.rebuilt},
-                    {"on_demand", st.on_demand}, {"ops_rerun", st.ops_rerun},
+    reps.push_back({{"kind", fmt::format("{:016x}", rec.kind)}, {"steps", st.steps}, {"evicted", st.evicted},
+                    {"rebuilt", st.rebuilt}, {"on_demand", st.on_demand}, {"ops_rerun", st.ops_rerun},
                     {"not_rebuildable", st.not_rebuildable}, {"divergences", st.divergences},
                     {"ops_hooked", st.ops_hooked}, {"ops_unhooked", st.ops_unhooked},
                     {"compacted", st.compacted}, {"compact_refused", st.compact_refused},

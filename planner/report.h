@@ -16,8 +16,8 @@ std::string format_sweep(const Planner& pl, int rows = 11);
 // `prof`: the largest excess of a measured op's or node's peak over its predicted one, then one
 // row per forward op or backward node at which the difference (measured minus predicted, both
 // on the profile's baseline) changes by more than `step_bytes`. The first such row is where a
-// misprediction enters. False with `error` if the two records are
-// not of the same op sequence or the plan fails the simulator.
+// misprediction enters. False with `error` if the two records are not of the same op sequence
+// or the plan fails the simulator.
 bool format_timeline_diff(const Profile& prof, const Plan& plan, const Profile& replay, int64_t step_bytes,
                           std::string* out, std::string* error);
 
