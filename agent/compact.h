@@ -42,7 +42,7 @@ bool compact_mask(const at::Tensor& t, CompactMask* out);
 // Same shape, dtype and bits (so -0.0 != 0.0 and a NaN equals the same NaN). One pass.
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b);
 
-// Whether `input * expand_mask(mask)` equals `out` bit for bit, checked in chunks of 16 Ki elements
+// Whether `input * expand_mask(mask)` equals `out` bit for bit, checked in chunks of 4 Ki elements
 // so that it holds two chunks, not two tensors, at a time. False unless all three are contiguous
 // with the same shape and dtype (the product's layout then is `out`'s).
 bool tail_matches(const at::Tensor& input, const CompactMask& mask, const at::Tensor& out);

@@ -131,7 +131,7 @@ TEST(Compact, BitwiseEqualComparesBits) {
 // The dropout tail: input x mask is what aten::dropout returned, checked chunk by chunk.
 TEST(Compact, TailMatchesWhatDropoutReturned) {
   at::manual_seed(1);
-  const at::Tensor x = at::randn({3, 100, 200});  // several 16 Ki chunks
+  const at::Tensor x = at::randn({3, 100, 200});  // several 4 Ki chunks, the last one partial
   at::Generator rng = at::detail::getDefaultCPUGenerator();
   at::Tensor state;
   {
