@@ -1,6 +1,7 @@
 #include "planner/report.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -93,10 +94,11 @@ bool format_timeline_diff(const Profile& prof, const Plan& plan, const Profile& 
                          replay.forward.size(), replay.backward.size(), prof.forward.size(), prof.backward.size());
     return false;
   }
-  for (size_t i = 0; i < prof.forward.size(); ++i) {
-    if (replay.forward[i].name != prof.forward[i].name) {
-      *error = fmt::format("forward op {} is {} in the replayed step, {} in the profile", i,
-                           replay.forward[i].name, prof.forward[i].name);
+  for (const auto& [what, mine, theirs] : {std::tuple{"forward op", &prof.forward, &replay.forward},
+                                           std::tuple{"backward node", &prof.backward, &replay.backward}}) {
+    if (const int64_t i = first_other_op(*mine, *theirs); i >= 0) {
+      *error = fmt::format("{} {} is {} in the replayed step, {} in the profile", what, i, (*theirs)[i].name,
+                           (*mine)[i].name);
       return false;
     }
   }

@@ -8,13 +8,6 @@ namespace {
 
 constexpr const char* kAccumulateGrad = "torch::autograd::AccumulateGrad";
 
-bool same_ops(const std::vector<Op>& a, const std::vector<Op>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].name != b[i].name) return false;
-  return true;
-}
-
 int64_t allocated(const Op& n) { return n.live_after - n.live_before; }
 
 }  // namespace
@@ -32,8 +25,8 @@ Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest
     const Profile& o = recorded[r];
     // Same ops, sizes aside: a parameter's gradient does not follow the data's sizes (a loss
     // over the rows a mask keeps makes every step's sizes its own).
-    if (r == latest || o.structure_signature != p.structure_signature || !same_ops(o.forward, p.forward) ||
-        !same_ops(o.backward, p.backward))
+    if (r == latest || o.structure_signature != p.structure_signature || first_other_op(o.forward, p.forward) >= 0 ||
+        first_other_op(o.backward, p.backward) >= 0)
       continue;
     for (size_t j = 0; j < p.backward.size(); ++j) {
       if (p.backward[j].name != kAccumulateGrad) continue;

@@ -120,4 +120,9 @@ struct Profile {
   int64_t saved_for_backward_bytes() const;
 };
 
+// The first position at which `a` and `b` name another op (the shorter one's length when one
+// is a prefix of the other), or -1 when they name the same ops: whether two records of a step
+// line up op for op (profiler/kind_profile.cpp, memplan-plan --against).
+int64_t first_other_op(const std::vector<Op>& a, const std::vector<Op>& b);
+
 }  // namespace memplan

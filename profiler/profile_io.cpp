@@ -1,5 +1,7 @@
 #include "profiler/profile_io.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -29,6 +31,13 @@ bool parse_value_kind(const std::string& s, ValueKind* out) {
     }
   }
   return false;
+}
+
+int64_t first_other_op(const std::vector<Op>& a, const std::vector<Op>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i)
+    if (a[i].name != b[i].name) return static_cast<int64_t>(i);
+  return a.size() == b.size() ? -1 : static_cast<int64_t>(n);
 }
 
 int64_t Profile::saved_for_backward_bytes() const {

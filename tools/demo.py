@@ -1,5 +1,5 @@
 """The README demo: the GPT-2-style example trained plainly and under memplan at a budget, side by
-side (peaks, step times, overhead) and whether every loss and gradient came out identical."""
+side (peaks, step times, overhead) and whether every loss, gradient and buffer came out identical."""
 import argparse
 import sys
 from pathlib import Path

@@ -2,8 +2,9 @@
 // memplan-plan PROFILE --plan PLAN --against REPLAYED [--step BYTES]
 // Offline planning: prints the blocks, the chosen schedule and predicted peak/time vs the
 // un-planned step. With --against: where a replayed step's recorded memory (MEMPLAN_LOG=debug
-// writes them beside the profile, .replayN.json) departs from the simulator's timeline for PLAN. Exit status: 0 ok (also when the budget is below the minimum: the
-// minimum-memory plan is printed and flagged), 2 bad arguments or a malformed profile, 3 internal.
+// writes them beside the profile, .replayN.json) departs from the simulator's timeline for PLAN.
+// Exit status: 0 ok (also when the budget is below the minimum: the minimum-memory plan is
+// printed and flagged), 2 bad arguments or a malformed profile, 3 internal.
 #include <cstdio>
 #include <cstdlib>
 #include <string>

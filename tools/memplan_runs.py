@@ -84,17 +84,19 @@ def measured_peak(report):
 
 
 def same_results(a_dir, b_dir):
-    """(identical, what differed) comparing two runs' dumps with torch.equal."""
+    """(identical, what differed) comparing two runs' dumps with torch.equal: every loss, every
+    gradient and every buffer (BatchNorm's running statistics are part of the result)."""
     import torch
 
     a, b = torch.load(Path(a_dir) / "dump.pt"), torch.load(Path(b_dir) / "dump.pt")
     for i, (x, y) in enumerate(zip(a["loss"], b["loss"])):
         if not torch.equal(x, y):
             return False, f"loss of step {i}"
-    for i, (ga, gb) in enumerate(zip(a["grads"], b["grads"])):
-        for name in ga:
-            if name not in gb or not torch.equal(ga[name], gb[name]):
-                return False, f"gradient of {name} at step {i}"
+    for kind, key in (("gradient", "grads"), ("buffer", "buffers")):
+        for i, (xa, xb) in enumerate(zip(a.get(key, []), b.get(key, []))):
+            for name in xa:
+                if name not in xb or not torch.equal(xa[name], xb[name]):
+                    return False, f"{kind} {name} at step {i}"
     return len(a["loss"]) == len(b["loss"]) > 0, "number of steps"
 
 

@@ -258,5 +258,18 @@ TEST(ProfileIO, MissingFile) {
   EXPECT_NE(error.find("/nonexistent/profile.json"), std::string::npos);
 }
 
+TEST(ProfileOps, FirstOtherOp) {
+  auto ops = [](std::initializer_list<const char*> names) {
+    std::vector<Op> v;
+    for (const char* n : names) v.emplace_back().name = n;
+    return v;
+  };
+  EXPECT_EQ(first_other_op(ops({"a", "b"}), ops({"a", "b"})), -1);
+  EXPECT_EQ(first_other_op(ops({"a", "b"}), ops({"a", "c"})), 1);
+  EXPECT_EQ(first_other_op(ops({"a", "b"}), ops({"a"})), 1);  // a prefix
+  EXPECT_EQ(first_other_op(ops({}), ops({"a"})), 0);
+  EXPECT_EQ(first_other_op(ops({}), ops({})), -1);
+}
+
 }  // namespace
 }  // namespace memplan
