@@ -512,6 +512,17 @@ void Agent::optimizer_step_end() {
   quiet_ops_end();
 }
 
+// An optimizer step raised after the pre hook (its post hook never runs) and the script caught
+// it: its record_function ended, so the stretch ends here, before the next forward, which is
+// then seen and replayed as planned. (Waiting for the next backward cost a step run unplanned,
+// at the un-planned peak.) What the step made before raising is kept as its state would be.
+void Agent::quiet_stretch_unwound() {
+  if (!on_training_thread()) return;
+  log_once("optimizer-raised", LogLevel::Info,
+           "an optimizer step raised and the script went on: the steps go on as planned");
+  optimizer_step_end();
+}
+
 namespace {
 thread_local int tl_foreign_backward = 0;  // backward calls of another thread, nested
 }
@@ -656,12 +667,31 @@ void Agent::end_step(Profile p) {
     }
     return;
   }
-  bool diverged = false;
+  const bool diverged = replayer_ != nullptr && replayer_->diverged();
+  bool other_kind = false;  // ran other ops than its kind's, undetected while it ran
+  if (!choice_.profile && !diverged && p.signature != choice_.kind) {  // (a divergence says so itself)
+    // The same ops with other sizes, in a kind whose ops' sizes follow from data (a loss over the
+    // tokens a mask keeps): a step of the kind it replayed (Replayer::check_divergence let it run
+    // on as planned; a plan without actions has no replayer, and is matched here).
+    const PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
+    if ((rec.data_dependent || choice_.family) && p.structure_signature == rec.structure) {
+      p.signature = choice_.kind;
+    } else {
+      other_kind = true;
+      log_once("other-kind", LogLevel::Info,
+               "a step ran other ops than the step predicted for it (its kind of step, or a new one): "
+               "that step ran without planned actions; new kinds of step are profiled and planned on "
+               "their own");
+    }
+  }
   if (replayer_) {
-    diverged = replayer_->diverged();
     replayer_->end_step();
     ReplayStats& st = replayer_->stats();
-    if (!diverged) {
+    if (other_kind) {
+      // No measure of this plan: its peak is not the plan's to predict; kept apart.
+      st.other_kind_peak.push_back(p.peak_bytes);
+      st.other_kind_baseline.push_back(p.baseline_bytes);
+    } else if (!diverged) {
       if (!replay_profile_ && !recorder_.light()) {  // (light: the step's kind was decided late)
         replay_profile_ = std::make_unique<Profile>(p);
         replay_actions_ = replayer_->first_step_actions();
@@ -679,20 +709,6 @@ void Agent::end_step(Profile p) {
       }
     }
     replayer_ = nullptr;
-  }
-  if (!choice_.profile && !diverged && p.signature != choice_.kind) {  // (a divergence says so itself)
-    // The same ops with other sizes, in a kind whose ops' sizes follow from data (a loss over the
-    // tokens a mask keeps): a step of the kind it replayed (Replayer::check_divergence let it run
-    // on as planned; a plan without actions has no replayer, and is matched here).
-    const PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
-    if ((rec.data_dependent || choice_.family) && p.structure_signature == rec.structure) {
-      p.signature = choice_.kind;
-    } else {
-      log_once("other-kind", LogLevel::Info,
-               "a step ran other ops than the step predicted for it (its kind of step, or a new one): "
-               "that step ran without planned actions; new kinds of step are profiled and planned on "
-               "their own");
-    }
   }
   if (log_enabled(LogLevel::Debug)) {
     debug("step {}: kind {:016x}, {}{}", p.step, p.signature,
@@ -1001,7 +1017,9 @@ void Agent::write_report(const std::string& path) const {
                     {"callback_us", st.callback_us}, {"light_steps", st.light_steps},
                     {"node_hooks", st.node_hooks}, {"snapshots", st.snapshots}, {"drifted", st.drifted},
                     {"family_steps", st.family_steps}, {"family_peak_bytes", st.family_peak},
-                    {"family_baseline_bytes", st.family_baseline}});
+                    {"family_baseline_bytes", st.family_baseline},
+                    {"other_kind_peak_bytes", st.other_kind_peak},
+                    {"other_kind_baseline_bytes", st.other_kind_baseline}});
   };
   for (const PlanRecord& rec : plans_) {
     if (rec.replayer) add(rec);

@@ -40,6 +40,7 @@ class Agent final : public OpSink {
   void untracked_op(const at::RecordFunction& fn) override;
   void node_start(const at::RecordFunction& fn) override;
   void node_end(const at::RecordFunction& fn) override;
+  void quiet_stretch_unwound() override;
   // Default saved-tensor hooks (called with the GIL held, from the op's autograd kernel).
   Saved pack(const at::Tensor& t);
   // The shim pushed our hooks (again): remember which stack entry is ours.

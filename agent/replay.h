@@ -50,6 +50,10 @@ struct ReplayStats {
   std::vector<int64_t> measured_baseline;
   std::vector<int64_t> family_peak;      // the same, for the steps of its family (Choice::family)
   std::vector<int64_t> family_baseline;
+  // The same, for steps predicted of this kind that ran other ops (undetected while they ran, so
+  // without the plan's actions from where they departed): no measure of the plan's prediction.
+  std::vector<int64_t> other_kind_peak;
+  std::vector<int64_t> other_kind_baseline;
   // Per replayed step: time inside the agent's callbacks (record, replay, rebuilds), us. Not the
   // dispatcher's cost of calling them (boxing the top-level op's arguments) nor Python's.
   std::vector<double> callback_us;

@@ -17,6 +17,10 @@ class OpSink {
   // An op under no_grad, outside any recorded op (its children come too: the dispatcher gives
   // them no sequence number either). Inputs valid only here.
   virtual void untracked_op(const at::RecordFunction& fn) = 0;
+  // A quiet stretch (quiet_ops_begin) outlived the user-scope RecordFunction it began in: an
+  // optimizer step raised after its pre hook, so its post hook (quiet_ops_end) never runs. The
+  // stretch is still on; the sink ends it.
+  virtual void quiet_stretch_unwound() {}
 };
 
 struct CallbackNeeds {
@@ -44,6 +48,9 @@ void pause_backward_nodes(bool paused);
 // and box their arguments for our observer). Only while our callbacks are installed and are the
 // only observers (a user's torch.profiler keeps seeing everything). Returns whether it did;
 // quiet_ops_end() undoes it. Cost: one copy of the thread's callback list, one TLS write.
+// A stretch that begins inside a user-scope RecordFunction (Optimizer.step's) and is still on when
+// that one ends is reported to the sink (quiet_stretch_unwound): RecordFunctions cannot start while
+// it is on, so the first user-scope end seen is the enclosing one's, on exception or not.
 bool quiet_ops_begin();
 void quiet_ops_end();
 bool quiet_ops_active();

@@ -29,7 +29,22 @@ struct CountingSink : memplan::OpSink {
   void node_end(const at::RecordFunction&) override {}
   std::vector<std::string> untracked;
   void untracked_op(const at::RecordFunction& fn) override { untracked.emplace_back(fn.name()); }
+  int unwound = 0;
+  void quiet_stretch_unwound() override {
+    ++unwound;
+    memplan::quiet_ops_end();  // what the agent does (its optimizer_step_end)
+  }
 };
+
+// A user-scope range around `body`, as `torch.autograd.profiler.record_function` makes one
+// (Optimizer.step's); its destructor ends it, as the Python context manager's exit does on an
+// exception too.
+template <typename F>
+void user_scope(const char* name, F body) {
+  at::RecordFunction rf(at::RecordScope::USER_SCOPE);
+  rf.before(name);
+  body();
+}
 
 // Another observer (a user's profiler): counts every FUNCTION-scope op named `name`.
 std::atomic<int> g_other_seen{0};
@@ -135,4 +150,21 @@ TEST_F(OpCallbacks, NoQuietStretchWithoutOurCallbacks) {
   memplan::remove_op_callbacks();
   EXPECT_FALSE(memplan::quiet_ops_begin());
   EXPECT_TRUE(at::isRecordFunctionEnabled());
+}
+
+TEST_F(OpCallbacks, AQuietStretchThatOutlivesItsUserScopeIsReportedOnce) {
+  // An optimizer step whose pre hook began the stretch, then raised: no post hook ends it.
+  user_scope("Optimizer.step#SGD.step", [] { ASSERT_TRUE(memplan::quiet_ops_begin()); });
+  EXPECT_EQ(sink_.unwound, 1);
+  EXPECT_FALSE(memplan::quiet_ops_active());
+  EXPECT_TRUE(at::isRecordFunctionEnabled());
+  run_linear();  // the next forward is seen
+  EXPECT_EQ(sink_.started, std::vector<std::string>{"aten::linear"});
+  // A step whose post hook ended the stretch, and a range outside any stretch: nothing to report.
+  user_scope("Optimizer.step#SGD.step", [] {
+    ASSERT_TRUE(memplan::quiet_ops_begin());
+    memplan::quiet_ops_end();
+  });
+  user_scope("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", [] {});
+  EXPECT_EQ(sink_.unwound, 1);
 }
