@@ -247,7 +247,24 @@ class LSTMModel(nn.Module):
         return self.head(out)
 
 
-ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm"]
+# torchvision's own models, unmodified (imported only when asked for: a CPU-only torch may come
+# without torchvision), at 64x64 images: real architectures the zoo's models only imitate
+# (squeeze-excitation, stochastic depth, channel shuffle, windowed attention, and DenseNet's
+# memory-efficient mode, which checkpoints its own layers with torch.utils.checkpoint).
+TORCHVISION = {
+    "tv-resnet18": lambda M: M.resnet18(num_classes=10),
+    "tv-mobilenet": lambda M: M.mobilenet_v3_small(num_classes=10),
+    "tv-efficientnet": lambda M: M.efficientnet_b0(num_classes=10),
+    "tv-shufflenet": lambda M: M.shufflenet_v2_x0_5(num_classes=10),
+    "tv-regnet": lambda M: M.regnet_y_400mf(num_classes=10),
+    "tv-vit": lambda M: M.VisionTransformer(image_size=64, patch_size=8, num_layers=3, num_heads=4, hidden_dim=64,
+                                            mlp_dim=128, num_classes=10, dropout=0.1, attention_dropout=0.1),
+    "tv-swin": lambda M: M.SwinTransformer(patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4],
+                                           window_size=[4, 4], stochastic_depth_prob=0.2, num_classes=10),
+    "tv-densenet": lambda M: M.DenseNet(growth_rate=8, block_config=(2, 2, 2), num_init_features=16,
+                                        memory_efficient=True, num_classes=10),
+}
+ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm", *TORCHVISION]
 
 
 def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
@@ -276,6 +293,9 @@ def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_dep
         return TiedTwoHeads()
     if name == "lstm":
         return LSTMModel()
+    if name in TORCHVISION:
+        import torchvision.models
+        return TORCHVISION[name](torchvision.models)
     raise ValueError(f"unknown model {name!r}; one of {ZOO}")
 
 
@@ -291,6 +311,8 @@ def make_batch(name, step, batch=8, seq=64, gen=None, seq_len=None):
         return torch.randint(0, 512, (batch, t), generator=g), torch.randint(0, 512, (batch, t), generator=g)
     if name == "cnn":
         return torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    if name in TORCHVISION:
+        return torch.randn(batch, 3, 64, 64, generator=g), torch.randint(0, 10, (batch,), generator=g)
     if name == "views":
         return torch.randn(batch * 4, 128, generator=g), torch.randn(batch * 4, 128, generator=g)
     if name in ("tied", "lstm"):
@@ -300,7 +322,7 @@ def make_batch(name, step, batch=8, seq=64, gen=None, seq_len=None):
 
 
 def loss_fn(name, out, y):
-    if name in ("mlp", "cnn"):
+    if name in ("mlp", "cnn") or name in TORCHVISION:
         return F.cross_entropy(out, y)
     if name == "gpt2" or name == "lstm":
         return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))

@@ -9,6 +9,7 @@ combinations the tests do not name. Every configuration it prints can be rerun a
     python tools/soak.py --minutes 30 --seed 1 [--jobs 2]
 """
 import argparse
+import importlib.util
 import json
 import random
 import sys
@@ -17,7 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import memplan_runs  # noqa: E402
+import models  # noqa: E402
 
 # Flags of examples/train.py per model; a configuration takes a few at random. Flags that need
 # another process (torchrun), raise on purpose, or turn determinism off are left out.
@@ -38,14 +41,20 @@ FLAGS = {
     "views": ["--accum 2", "--eval-every 2"],
     "tied": ["--accum 2", "--eval-every 3", "--func"],
     "lstm": ["--accum 2", "--eval-every 2"],
+    "tv": ["--accum 2", "--eval-every 2", "--log-grads", "--optimizer-in-backward", "--backward-raises-at 4"],
 }
-# gpt2 is the product's case: drawn as often as the rest together.
-WEIGHTS = {"gpt2": 5, "cnn": 2, "mlp": 1, "views": 1, "tied": 1, "lstm": 1}
+# gpt2 is the product's case: drawn as often as the rest together. tv: one of torchvision's own
+# models (examples/models.py TORCHVISION), when torchvision is installed.
+WEIGHTS = {"gpt2": 6, "cnn": 2, "mlp": 1, "views": 1, "tied": 1, "lstm": 1, "tv": 2}
+TV_MODELS = list(models.TORCHVISION) if importlib.util.find_spec("torchvision") else []
 
 
 def draw(rng):
-    model = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+    weights = {m: w for m, w in WEIGHTS.items() if m != "tv" or TV_MODELS}
+    model = rng.choices(list(weights), weights=list(weights.values()))[0]
     flags = rng.sample(FLAGS[model], k=rng.randint(0, min(3, len(FLAGS[model]))))
+    if model == "tv":
+        model = rng.choice(TV_MODELS)
     budget = rng.choice([f"{rng.randint(25, 110)}%", f"{rng.randint(25, 110)}%", "1%"])
     return {"model": model, "flags": flags, "budget": budget, "warmup": rng.randint(1, 3),
             "steps": rng.randint(7, 10), "batch": rng.choice([4, 8])}

@@ -170,6 +170,18 @@ def test_gpt2_dropout_rebuilt_from_its_compact_mask(runner, plain_runs):
     assert max(measured_peaks(report)) <= report["plan"]["budget_bytes"]
 
 
+# torchvision's own models, unmodified (examples/models.py TORCHVISION): squeeze-excitation with
+# in-place Hardswish (MobileNetV3), a ViT with dropout in attention and MLP, and DenseNet in its
+# memory-efficient mode, which wraps its own layers in torch.utils.checkpoint.
+@pytest.mark.parametrize("model", ["tv-mobilenet", "tv-vit", "tv-densenet"])
+def test_torchvision_models_bit_identical_within_budget(runner, plain_runs, model):
+    pytest.importorskip("torchvision")
+    p, report = identical_replay(runner, plain_runs, model, "50%", ["--batch", "8"])
+    assert sum(r["evicted"] for r in report["replay"]) > 0
+    assert len(measured_peaks(report)) >= STEPS - 2
+    assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+
+
 # --user-hooks: the script's own saved_tensors_hooks must see every pack and unpack (its count is
 # in stdout), also for ops whose saved tensors the agent leaves to autograd.
 @pytest.mark.parametrize("extra", [["--torch-profiler"], ["--checkpoint"], ["--func"], ["--accum", "2"],
