@@ -45,7 +45,7 @@ FLAGS = {
 }
 # gpt2 is the product's case: drawn as often as the rest together. tv: one of torchvision's own
 # models (examples/models.py TORCHVISION), when torchvision is installed.
-WEIGHTS = {"gpt2": 6, "cnn": 2, "mlp": 1, "views": 1, "tied": 1, "lstm": 1, "tv": 2}
+WEIGHTS = {"gpt2": 8, "cnn": 2, "mlp": 1, "views": 1, "tied": 1, "lstm": 1, "tv": 2}
 TV_MODELS = list(models.TORCHVISION) if importlib.util.find_spec("torchvision") else []
 
 
