@@ -534,8 +534,10 @@ void Agent::backward_begin() {
     return;
   }
   if (quiet_ops_active()) {
-    // An optimizer step raised (its post hook never ran) and the script went on: observe again
-    // from the next step; this one's forward went unseen, so it runs without planned actions.
+    // An optimizer step raised (its post hook never ran) and the script went on, and the end of
+    // its record_function did not end the stretch (quiet_stretch_unwound, which does so before
+    // the next forward, always should): a fallback. Observe again from the next step; this
+    // one's forward went unseen, so it runs without planned actions.
     quiet_ops_end();
     log_once("optimizer-raised", LogLevel::Warn,
              "an optimizer step raised: one training step ran without the plan's actions");

@@ -23,7 +23,9 @@ import memplan_runs  # noqa: E402
 import models  # noqa: E402
 
 # Flags of examples/train.py per model; a configuration takes a few at random. Flags that need
-# another process (torchrun), raise on purpose, or turn determinism off are left out.
+# another process (torchrun), raise an error the script does not catch (--inplace-error), or
+# turn determinism off are left out; those whose error the script catches and goes on from
+# (--backward-raises-at, --optimizer-raises-at) are in.
 GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-depth", "--noisy-op",
         "--accum 2", "--eval-every 3", "--seq-change-at 5", "--masked-loss", "--pos-first",
         "--index-copy", "--shift-buffer late", "--shift-buffer early", "--shift-buffer backward",
