@@ -441,6 +441,7 @@ Saved Agent::pack(const at::Tensor& t) {
     s.value = recorder_.on_pack(t);
     s.step = steps_;
     each_replayer([&](Replayer& r) { r.on_pack(h.s, t, recorder_.pack_owner()); });
+    if (choice_.profile || plans_[static_cast<size_t>(choice_.plan)].fresh_bytes > 0) watch_param(t);
   }
   return h;
 }
@@ -509,6 +510,10 @@ void Agent::optimizer_step_end() {
     if (backward_depth_ == 0) recorder_.skip_gap();
   }
   opt_live_before_ = -1;
+  if (opt_round_step_ != steps_) {
+    ++opt_rounds_;
+    opt_round_step_ = steps_;
+  }
   quiet_ops_end();
 }
 
@@ -640,6 +645,8 @@ void Agent::begin_step(const at::RecordFunction& first) {
           choice_.plan_at_once ? " (plan at once)" : "", choice_.others.size());
   }
   if (choice_.family) log_family();
+  if (choice_.profile) step_param_ = c10::weak_intrusive_ptr<c10::TensorImpl>(c10::intrusive_ptr<c10::TensorImpl>());
+  credit_at_begin();
   replayer_ = choice_.profile ? nullptr : plans_[static_cast<size_t>(choice_.plan)].replayer.get();
   undecided_.clear();
   // Followed op by op while other kinds may still be it, or, past kOwnPlans kinds, while a longer
@@ -728,14 +735,18 @@ void Agent::end_step(Profile p) {
       // trace show what was planned.
       FreshGradients fresh;
       Profile planned = with_fresh_gradients(profiles_, profiles_.size() - 1, &fresh);
+      std::shared_ptr<const Profile> uncredited;
       if (fresh.bytes > 0) {
         info("step {} allocated {} of gradients that step {} of the same kind added into (gradient "
              "accumulation): the plan counts them",
              fresh.from_step, format_bytes(fresh.bytes), profiles_.back().step);
+        uncredited = std::make_shared<const Profile>(std::move(profiles_.back()));
         profiles_.back() = std::move(planned);
       }
-      plan_kind(profiles_.back());
+      plan_kind(profiles_.back(), std::move(uncredited), fresh);
     }
+  } else {
+    check_gradient_credit(p);
   }
   if (std::optional<std::string> why = kinds_.give_up()) {
     warn("{}: memplan stops planning and runs plain PyTorch from here", *why);
@@ -754,6 +765,11 @@ bool Agent::nothing_to_do() const {
   for (uint64_t kind : recent) {
     const int plan = kinds_.plan_of(kind);
     if (plan < 0 || plans_[static_cast<size_t>(plan)].replayer) return false;
+    // Made without gradients a step may yet allocate: watched (credit_at_begin), the plan that
+    // counts them may have actions.
+    if (plans_[static_cast<size_t>(plan)].credited >= 0 && plans_[static_cast<size_t>(plan)].fresh_bytes > 0) {
+      return false;
+    }
   }
   return true;
 }
@@ -766,24 +782,17 @@ void Agent::stop_observing() {
   phase_ = Phase::Done;
 }
 
-// Kind `p.signature` is due a plan (StepKinds::finish); `p` is its latest whole record.
-void Agent::plan_kind(const Profile& p) {
+// Kind `p.signature` is due a plan (StepKinds::finish); `p` is its latest whole record (with the
+// gradients of another record counted, `fresh`; `uncredited`: without).
+void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited, const FreshGradients& fresh) {
   if (phase_ == Phase::Warmup) nvtx::range_pop();  // memplan/warmup
   write_outputs();
-  PlanRecord rec;
-  rec.kind = p.signature;
-  rec.structure = p.structure_signature;
-  rec.data_dependent = std::any_of(p.forward.begin(), p.forward.end(), data_dependent_shape);
-  rec.ops = OpSequence(p.forward);
-  const auto t0 = std::chrono::steady_clock::now();
-  {
-    nvtx::ScopedRange range("memplan/plan");
-    std::optional<planner::Plan> plan = obtain_plan(p, &rec.info);
-    if (plan && !plan->empty()) rec.replayer = std::make_unique<Replayer>(p, std::move(*plan));
-  }
-  // Planning runs once, at a backward's end, and is reported on its own ("planning took"): the
-  // next iteration's wall time starts after it.
-  last_backward_end_ += std::chrono::steady_clock::now() - t0;
+  PlanRecord rec = make_plan(p);
+  rec.uncredited = std::move(uncredited);
+  rec.fresh_bytes = rec.uncredited ? fresh.bytes : 0;
+  rec.fresh_from = fresh.from_step;
+  rec.param = step_param_;
+  rec.rounds_at_plan = opt_rounds_;
   if (!plans_.empty()) {
     info("planned another kind of step ({} op sequences seen): each kind replays its own plan",
          kinds_.kinds());
@@ -795,6 +804,26 @@ void Agent::plan_kind(const Profile& p) {
     nvtx::range_push("memplan/replay");
     replay_range_ = true;
   }
+}
+
+// A plan for `p`, and its summary facts. `variant` tells apart in the plan cache plans for
+// records of the same ops (the same op hash).
+Agent::PlanRecord Agent::make_plan(const Profile& p, const std::string& variant) {
+  PlanRecord rec;
+  rec.kind = p.signature;
+  rec.structure = p.structure_signature;
+  rec.data_dependent = std::any_of(p.forward.begin(), p.forward.end(), data_dependent_shape);
+  rec.ops = OpSequence(p.forward);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    nvtx::ScopedRange range("memplan/plan");
+    std::optional<planner::Plan> plan = obtain_plan(p, &rec.info, variant);
+    if (plan && !plan->empty()) rec.replayer = std::make_unique<Replayer>(p, std::move(*plan));
+  }
+  // Planning runs at a backward's end, and is reported on its own ("planning took"): the next
+  // iteration's wall time starts after it.
+  last_backward_end_ += std::chrono::steady_clock::now() - t0;
+  return rec;
 }
 
 namespace {
@@ -815,7 +844,7 @@ std::string budget_key(const Budget& b) {
 
 // A plan for `profile`: MEMPLAN_PLAN's file if it belongs to this profile, else the cache's,
 // else a fresh one (then cached). Never throws; nullopt means run without one.
-std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo* out) {
+std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo* out, const std::string& variant) {
   const Options& opt = options();
   std::string error;
   *out = PlanInfo{};
@@ -855,8 +884,8 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo
   if (!opt.plan_cache.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(opt.plan_cache, ec);
-    cache = fmt::format("{}/plan-{}-{}-rank{}.json", opt.plan_cache, profile.op_hash, budget_key(opt.budget),
-                        profile.rank);
+    cache = fmt::format("{}/plan-{}-{}-rank{}{}.json", opt.plan_cache, profile.op_hash, budget_key(opt.budget),
+                        profile.rank, variant);
     planner::Plan plan;
     if (std::filesystem::exists(cache, ec)) {
       if (planner::read_plan_file(cache, &plan, &error) && planner::validate_plan(plan, profile, &error)) {
@@ -988,14 +1017,19 @@ void Agent::write_report(const std::string& path) const {
                     {"peak_bytes", p.peak_bytes}, {"forward_ops", p.forward.size()},
                     {"backward_nodes", p.backward.size()}, {"step_us", p.forward_us + p.backward_us}};
   }
-  auto plan_json = [](const PlanRecord& rec) {
+  // "index": the plan's place among all made (PlanRecord); "replaces": the plan of the same kind
+  // it was made to replace (check_gradient_credit), or -1; "in_use": its kind's plan at the end.
+  auto plan_json = [this](const PlanRecord& rec) {
     const PlanInfo& i = rec.info;
+    const int index = static_cast<int>(&rec - plans_.data());
     return nlohmann::json{{"source", i.source}, {"budget_bytes", i.budget}, {"baseline_bytes", i.baseline},
                           {"unplanned_peak_bytes", i.unplanned_peak}, {"predicted_peak_bytes", i.predicted_peak},
                           {"min_feasible_bytes", i.min_feasible}, {"feasible", i.feasible},
                           {"predicted_time_us", i.predicted_time_us}, {"unplanned_time_us", i.unplanned_time_us},
                           {"evictions", i.evictions}, {"recomputes", i.recomputes}, {"planning_s", i.planning_s},
-                          {"kind", fmt::format("{:016x}", rec.kind)}, {"actions", rec.replayer != nullptr}};
+                          {"kind", fmt::format("{:016x}", rec.kind)}, {"actions", rec.replayer != nullptr},
+                          {"index", index}, {"replaces", rec.credited},
+                          {"in_use", kinds_.plan_of(rec.kind) == index}};
   };
   // "plan": the latest plan made (the only one, unless the script runs several kinds of step);
   // "plans": every plan, one per kind of step (StepKinds), in the order they were made.
@@ -1009,7 +1043,8 @@ void Agent::write_report(const std::string& path) const {
   nlohmann::json reps = nlohmann::json::array();
   auto add = [&](const PlanRecord& rec) {
     const ReplayStats& st = rec.replayer->stats();
-    reps.push_back({{"kind", fmt::format("{:016x}", rec.kind)}, {"steps", st.steps}, {"evicted", st.evicted},
+    reps.push_back({{"kind", fmt::format("{:016x}", rec.kind)}, {"plan", &rec - plans_.data()},
+                    {"steps", st.steps}, {"evicted", st.evicted},
                     {"rebuilt", st.rebuilt}, {"on_demand", st.on_demand}, {"ops_rerun", st.ops_rerun},
                     {"not_rebuildable", st.not_rebuildable}, {"divergences", st.divergences},
                     {"ops_hooked", st.ops_hooked}, {"ops_unhooked", st.ops_unhooked},

@@ -19,6 +19,7 @@
 #include "agent/step_kinds.h"
 #include "hooks/device_timer.h"
 #include "hooks/op_callbacks.h"
+#include "profiler/kind_profile.h"
 #include "profiler/op_sequence.h"
 #include "profiler/profile.h"
 #include "profiler/recorder.h"
@@ -92,17 +93,35 @@ class Agent final : public OpSink {
     uint64_t structure = 0;              // its profile's structure_signature
     bool data_dependent = false;         // its profile has an op whose output shape follows from data
     OpSequence ops;                      // its profile's forward ops (narrow_kinds)
+    // Gradient accumulation (kind_profile.h): the plan counts `fresh_bytes` of gradients that
+    // another record of the kind allocated; `uncredited` is the kind's own record without them.
+    // Whether its steps do allocate them is watched (check_gradient_credit).
+    std::shared_ptr<const Profile> uncredited;
+    int64_t fresh_bytes = 0;
+    int64_t fresh_from = -1;     // the step that allocated them
+    int64_t rounds_at_plan = 0;  // optimizer rounds (opt_rounds_) when the plan was made
+    int fresh_free = 0;          // its replayed steps since then, none of which allocated them
+    int64_t free_peak = 0;       // the highest of their peaks, above their baselines
+    bool credit_settled = false; // a step of it allocated them, or the plan without them replaced it
+    int credited = -1;           // a plan made without them: the index of the one that counts them
+    // A parameter its steps save for backward (Agent::pack): a step that begins while its
+    // gradient is unset allocates it.
+    c10::weak_intrusive_ptr<c10::TensorImpl> param{c10::intrusive_ptr<c10::TensorImpl>()};
   };
 
   Agent();
   bool recording() const;
-  std::optional<planner::Plan> obtain_plan(const Profile& profile, PlanInfo* out);
+  std::optional<planner::Plan> obtain_plan(const Profile& profile, PlanInfo* out, const std::string& variant = "");
   std::string replay_summary(const PlanRecord& rec, const std::string& title) const;
   void write_report(const std::string& path) const;
   MemoryCounter* memory_for_step();
   void begin_step(const at::RecordFunction& first);
   void end_step(Profile p);
-  void plan_kind(const Profile& p);
+  void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited = nullptr, const FreshGradients& fresh = {});
+  PlanRecord make_plan(const Profile& p, const std::string& variant = "");
+  void check_gradient_credit(const Profile& p);
+  void credit_at_begin();
+  void watch_param(const at::Tensor& t);
   void narrow_kinds(int64_t op, uint64_t hash, uint64_t structure);
   void decide_kind(int plan);
   void log_family();
@@ -169,6 +188,12 @@ class Agent final : public OpSink {
   std::vector<double> iteration_us_[2];  // iterations that recorded, ran plainly (replayed: per plan)
   std::unique_ptr<Profile> replay_profile_;  // the first replayed step, for the trace
   int64_t opt_live_before_ = -1;    // bytes allocated when the running optimizer step began
+  // Training iterations in which an optimizer step ended (several param-wise steps in one
+  // backward count once): between two of them a script zeroes its gradients.
+  int64_t opt_rounds_ = 0;
+  int64_t opt_round_step_ = -1;     // steps_ when opt_rounds_ last grew
+  // A parameter the steps recorded whole save for backward (watch_param; PlanRecord::param).
+  c10::weak_intrusive_ptr<c10::TensorImpl> step_param_{c10::intrusive_ptr<c10::TensorImpl>()};
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;
   bool our_hooks_on_top() const;

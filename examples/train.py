@@ -44,6 +44,13 @@ def parse():
                    help="call backward inside the script's own saved_tensors_hooks (pass-through)")
     p.add_argument("--log-grads", action="store_true",
                    help="keep a clone of every gradient after each step (grad mode on)")
+    p.add_argument("--log-grads-until", type=int, default=-1,
+                   help="--log-grads after the optimizer steps before this step only")
+    p.add_argument("--zero-grad-late", action="store_true",
+                   help="zero the gradients after the first micro-step's forward, before its backward")
+    p.add_argument("--grad-probe", action="store_true",
+                   help="multiply the (float) input by a leaf of the script's own that requires grad "
+                        "and is never zeroed")
     p.add_argument("--autocast", action="store_true", help="forward under torch.autocast (bfloat16)")
     p.add_argument("--func", action="store_true", help="call a torch.func transform each step")
     p.add_argument("--user-hooks", action="store_true",
@@ -319,6 +326,9 @@ def main():
     aux_w = torch.ones(8, requires_grad=True) if args.backward_on_two_threads else None
     record = {"loss": [], "grads": [], "buffers": []}
     logged = []
+    # --grad-probe: a leaf of the script's own that requires grad, outside the optimizer: its
+    # gradient accumulates from the first backward on and is never reset.
+    probe = torch.ones((), requires_grad=True) if args.grad_probe else None
     times = []
     user_prof = None
     for step in range(args.steps):
@@ -328,7 +338,8 @@ def main():
             inner.skip_last_block = step >= args.skip_block_at
         if args.depth_random:
             inner.depth = random.Random(2000 + step).randrange(1, len(inner.blocks) + 1)
-        opt.zero_grad(set_to_none=True)
+        if not args.zero_grad_late:
+            opt.zero_grad(set_to_none=True)
         total = 0.0
         for micro in range(args.accum):
             x, y = next(it)
@@ -350,7 +361,7 @@ def main():
                 inner.row_keep, y = keep, y[keep]
             with (torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16) if args.autocast
                   else contextlib.nullcontext()):
-                out = model(x)
+                out = model(x * probe if probe is not None else x)  # (x * 1.0 is x, bit for bit)
             if args.autocast:
                 out = out.float()
             user_packs = [0, 0]  # packs, unpacks seen by the script's own hooks
@@ -377,6 +388,8 @@ def main():
                 h = (out[0] if isinstance(out, tuple) else out).exp()
                 h.add_(1)
                 loss = loss + h.mean()
+            if args.zero_grad_late and micro == 0:
+                opt.zero_grad(set_to_none=True)  # between the forward and the backward
             if step == args.saved_bytes_step and micro == 0:
                 print(f"SAVED_BYTES {saved_bytes(loss)}")
             if step == args.backward_raises_at and micro == 0:
@@ -428,7 +441,7 @@ def main():
             user_prof.__exit__(None, None, None)
             print("USER_PROFILER_OPS " + json.dumps(sorted({e.name for e in user_prof.events()})), file=sys.stderr)
             user_prof = None
-        if args.log_grads:
+        if args.log_grads or step < args.log_grads_until:
             # A user's own logging, with grad mode on, between this backward and the next forward:
             # a statistic of each parameter (it reads a tensor that requires grad, so the next
             # step's window opens here) and a copy of each gradient.

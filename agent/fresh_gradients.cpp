@@ -1,0 +1,129 @@
+// Gradient accumulation, a kind whose plan counts gradients its steps may not allocate
+// (profiler/kind_profile.h): watched, planned again without them, and sent back.
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+
+#include <algorithm>
+
+#include "agent/agent.h"
+#include "agent/log.h"
+#include "agent/options.h"
+#include "profiler/bytes.h"
+
+namespace memplan {
+
+namespace {
+// The parameter a node's graph reaches first within `depth` edges (depth first), or null.
+const at::Tensor* param_behind(const torch::autograd::Node& fn, int depth) {
+  for (const torch::autograd::Edge& e : fn.next_edges()) {
+    const torch::autograd::Node* next = e.function.get();
+    if (const auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(next)) return &acc->variable;
+    if (next && depth > 1) {
+      if (const at::Tensor* p = param_behind(*next, depth - 1)) return p;
+    }
+  }
+  return nullptr;
+}
+}  // namespace
+
+// A plan that counts gradients some of its steps may not allocate (check_gradient_credit) watches
+// one parameter of its steps (credit_at_begin): the first leaf that requires grad saved for
+// backward in the record it was made from, or the first one a few nodes behind a saved tensor
+// (Linear saves its weight transposed; under autocast, a transposed copy). In a replayed step only
+// the planned ops' packs come here: taken from those when the record's parameter is gone (a script
+// that replaces its parameters). Until one is found: at most 3 + 9 + 27 edges per pack.
+void Agent::watch_param(const at::Tensor& t) {
+  constexpr int kDepth = 3;
+  c10::weak_intrusive_ptr<c10::TensorImpl>& w =
+      choice_.profile ? step_param_ : plans_[static_cast<size_t>(choice_.plan)].param;
+  if (!w.expired()) return;
+  const at::Tensor* param = t.is_leaf() ? (t.requires_grad() ? &t : nullptr)
+                            : t.grad_fn() ? param_behind(*t.grad_fn(), kDepth)
+                                          : nullptr;
+  if (param) w = c10::weak_intrusive_ptr<c10::TensorImpl>(param->getIntrusivePtr());
+}
+
+// A step about to replay a plan made without the gradients (check_gradient_credit) while its
+// watched parameter has none: this step allocates them (zeroed with set_to_none, and the
+// logging that made its first micro-steps a kind apart has stopped). It and the later ones
+// replay the plan that counts them, decided before any of its ops ran. Gradients present at the
+// begin allocate nothing new: zeroed inside the step (between forward and backward), they were
+// in its baseline. Only a watched leaf that is no parameter of the optimizer (a script's own
+// leaf whose gradient it never resets) misleads this; check_gradient_credit then sees the step
+// allocate them at its end. Once per step: a weak pointer's lock and a read.
+void Agent::credit_at_begin() {
+  if (choice_.profile || choice_.plan < 0) return;
+  PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
+  if (rec.credited < 0 || rec.fresh_bytes == 0) return;
+  const c10::intrusive_ptr<c10::TensorImpl> param = rec.param.lock();
+  if (!param || at::Tensor(param).grad().defined()) return;
+  info("step {} begins with no gradients, and will allocate the {} of them its plan left out (gradient "
+       "accumulation): its kind of step goes back to the plan that counts them",
+       steps_, format_bytes(rec.fresh_bytes));
+  rec.fresh_bytes = 0;  // watched no more
+  choice_.plan = rec.credited;
+  kinds_.set_plan(rec.kind, rec.credited);
+}
+
+// Whether the gradients a plan counts are ever allocated by its steps (kind_profile.h). They are
+// when the kind runs every first micro-step of an accumulation; they are not when those steps
+// begin with other ops (the script reads its parameters between the optimizer step and the next
+// forward: a kind of their own), and the run's first step, which allocated them, was the only
+// one; or when the script zeroes them between forward and backward (then the step's baseline
+// held them: freed, then allocated again, they add nothing). Then the plan over-predicts by them
+// (tv-regnet with --log-grads --accum 2 at 50%: -16.6%; the CNN with --zero-grad-late: -7.5%)
+// and recomputes more than the budget asks. Once two optimizer rounds have passed since the plan
+// (a round's first micro-step, of this kind, would have allocated them) and two of its steps
+// allocated none, peaking under the prediction, the kind is planned again without them (its own
+// record; a percentage budget is of that record's activations). A step of that plan that allocates them after all sends the kind
+// back to the plan that counts them, for good: before it runs (credit_at_begin) or, when nothing
+// told, after (then that one step passed its prediction by them). Once per step: a compare.
+void Agent::check_gradient_credit(const Profile& p) {
+  constexpr int kFreeSteps = 2, kFreeRounds = 2;
+  if (choice_.profile || choice_.plan < 0) return;
+  const auto index = static_cast<size_t>(choice_.plan);
+  PlanRecord& rec = plans_[index];
+  if (rec.fresh_bytes == 0 || kinds_.plan_of(rec.kind) != static_cast<int>(index)) return;
+  const Profile& u = *rec.uncredited;
+  // What the step left allocated beyond what the record without them left: the gradients.
+  const bool fresh = (p.end_bytes - p.baseline_bytes) - (u.end_bytes - u.baseline_bytes) > rec.fresh_bytes / 2;
+  if (rec.credited >= 0) {
+    if (!fresh) return;
+    warn("step {} allocated the {} of gradients its plan left out (gradient accumulation): its kind of step "
+         "goes back to the plan that counts them",
+         p.step, format_bytes(rec.fresh_bytes));
+    kinds_.set_plan(rec.kind, rec.credited);
+    rec.fresh_bytes = 0;  // watched no more
+    return;
+  }
+  if (rec.credit_settled) return;
+  if (fresh) {
+    rec.credit_settled = true;
+    return;
+  }
+  if (p.signature != rec.kind || (rec.replayer && rec.replayer->diverged())) return;
+  rec.free_peak = std::max(rec.free_peak, p.peak_bytes - p.baseline_bytes);
+  if (++rec.fresh_free < kFreeSteps || opt_rounds_ - rec.rounds_at_plan < kFreeRounds) return;
+  rec.credit_settled = true;
+  // Nothing planned that counting them made more of; or the user's plan file, which any plan
+  // of these ops would be again; or the steps peaked as predicted all the same (elsewhere than
+  // where the gradients would add: GPT-2's peak comes before them), so another plan would do
+  // about the same: not worth planning again (a second, for GPT-2).
+  const int64_t predicted = rec.info.predicted_peak - rec.info.baseline;
+  if (!rec.replayer || !options().plan.empty() || rec.free_peak >= predicted - predicted / 50) return;
+  info("{} later steps of the kind of step {}, over {} optimizer steps, allocated none of the {} of gradients "
+       "that step allocated (they exist when its steps begin, or are zeroed within them): that kind is planned "
+       "again without them",
+       rec.fresh_free, rec.fresh_from, opt_rounds_ - rec.rounds_at_plan, format_bytes(rec.fresh_bytes));
+  PlanRecord next = make_plan(*rec.uncredited, "-without-fresh-gradients");
+  next.uncredited = rec.uncredited;
+  next.fresh_bytes = rec.fresh_bytes;
+  next.fresh_from = rec.fresh_from;
+  next.credited = static_cast<int>(index);
+  next.credit_settled = true;
+  next.info.source += ", its gradients not counted";
+  next.param = rec.param;
+  plans_.push_back(std::move(next));  // (rec is invalid from here)
+  kinds_.set_plan(plans_.back().kind, static_cast<int>(plans_.size()) - 1);
+}
+
+}  // namespace memplan
