@@ -41,25 +41,35 @@ inline void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noex
     log(level, "(log format error)");
   }
 }
+// The checked format string's text: get() where the fmt in use has it (torch's bundled fmt
+// deprecates the implicit conversion; the system's 9.x has only that).
+template <class... A>
+fmt::string_view text(const fmt::format_string<A...>& f) noexcept {
+#if FMT_VERSION >= 110000
+  return f.get();
+#else
+  return f;
+#endif
+}
 }  // namespace detail
 
 // fmt-style helpers; the format string is checked at compile time. Arguments are only formatted
 // when the level is enabled.
 template <class... A>
 void error(fmt::format_string<A...> f, A&&... a) noexcept {
-  if (log_enabled(LogLevel::Error)) detail::vlog(LogLevel::Error, f, fmt::make_format_args(a...));
+  if (log_enabled(LogLevel::Error)) detail::vlog(LogLevel::Error, detail::text<A...>(f), fmt::make_format_args(a...));
 }
 template <class... A>
 void warn(fmt::format_string<A...> f, A&&... a) noexcept {
-  if (log_enabled(LogLevel::Warn)) detail::vlog(LogLevel::Warn, f, fmt::make_format_args(a...));
+  if (log_enabled(LogLevel::Warn)) detail::vlog(LogLevel::Warn, detail::text<A...>(f), fmt::make_format_args(a...));
 }
 template <class... A>
 void info(fmt::format_string<A...> f, A&&... a) noexcept {
-  if (log_enabled(LogLevel::Info)) detail::vlog(LogLevel::Info, f, fmt::make_format_args(a...));
+  if (log_enabled(LogLevel::Info)) detail::vlog(LogLevel::Info, detail::text<A...>(f), fmt::make_format_args(a...));
 }
 template <class... A>
 void debug(fmt::format_string<A...> f, A&&... a) noexcept {
-  if (log_enabled(LogLevel::Debug)) detail::vlog(LogLevel::Debug, f, fmt::make_format_args(a...));
+  if (log_enabled(LogLevel::Debug)) detail::vlog(LogLevel::Debug, detail::text<A...>(f), fmt::make_format_args(a...));
 }
 
 // Where log lines go; tests capture them. nullptr restores stderr. Not for production use.
