@@ -84,17 +84,18 @@ def check(cfg):
         if plain["stdout"] != mp["stdout"]:
             return False, "stdout differs"
         rep = mp.get("report") or {}
-        plans = {p["index"]: p for p in rep.get("plans", [])}
-        replaced = {p["replaces"] for p in plans.values()}
+        # Plans by index; a build from before "index" (to compare with an older one): by kind.
+        plans = {p.get("index", p["kind"]): p for p in rep.get("plans", [])}
+        replaced = {p.get("replaces", -1) for p in plans.values()}
         notes = []
         for r in rep.get("replay", []):
-            plan = plans[r["plan"]]
+            plan = plans[r.get("plan", r["kind"])]
             peaks = [p - b + plan["baseline_bytes"]
                      for p, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
             if not peaks:
                 continue
             err = max(peaks) / plan["predicted_peak_bytes"] - 1
-            notes.append(f"peak {err * 100:+.1f}% vs predicted" + (" (replaced)" if r["plan"] in replaced else ""))
+            notes.append(f"peak {err * 100:+.1f}% vs predicted" + (" (replaced)" if r.get("plan") in replaced else ""))
             if err > 0.05:
                 return False, f"peak {err * 100:+.1f}% over the prediction; " + trace(mp)
             if plan["feasible"] and max(peaks) > plan["budget_bytes"] * 1.01:
