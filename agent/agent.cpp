@@ -645,7 +645,8 @@ void Agent::begin_step(const at::RecordFunction& first) {
           choice_.plan_at_once ? " (plan at once)" : "", choice_.others.size());
   }
   if (choice_.family) log_family();
-  if (choice_.profile) step_param_ = c10::weak_intrusive_ptr<c10::TensorImpl>(c10::intrusive_ptr<c10::TensorImpl>());
+  // (The last begin of a step counts: a step restarted at its forward, after a zero_grad.)
+  step_began_without_ = steps_ == 0 || lacks_gradient(step_param_);
   credit_at_begin();
   replayer_ = choice_.profile ? nullptr : plans_[static_cast<size_t>(choice_.plan)].replayer.get();
   undecided_.clear();
@@ -669,6 +670,7 @@ void Agent::end_step(Profile p) {
   if (!planning_) {
     // Profile only: the first MEMPLAN_WARMUP steps, written out, then nothing more to do.
     profiles_.push_back(std::move(p));
+    began_without_.push_back(step_began_without_ ? 1 : 0);
     outputs_written_ = false;
     if (static_cast<int>(profiles_.size()) >= options().warmup) {
       write_outputs();
@@ -728,6 +730,7 @@ void Agent::end_step(Profile p) {
   if (choice_.profile) {
     profile_next_ = false;  // reset here: begin_step may run more than once per step
     profiles_.push_back(std::move(p));
+    began_without_.push_back(step_began_without_ ? 1 : 0);
     outputs_written_ = false;
     if (plan_now) {
       // A step of the kind may allocate gradients this record added into (kind_profile.h):
@@ -792,6 +795,7 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
   rec.fresh_bytes = rec.uncredited ? fresh.bytes : 0;
   rec.fresh_from = fresh.from_step;
   rec.param = step_param_;
+  rec.began_with_grads = !began_without_.back();
   rec.rounds_at_plan = opt_rounds_;
   if (!plans_.empty()) {
     info("planned another kind of step ({} op sequences seen): each kind replays its own plan",
@@ -811,6 +815,7 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
 Agent::PlanRecord Agent::make_plan(const Profile& p, const std::string& variant) {
   PlanRecord rec;
   rec.kind = p.signature;
+  rec.record_step = p.step;
   rec.structure = p.structure_signature;
   rec.data_dependent = std::any_of(p.forward.begin(), p.forward.end(), data_dependent_shape);
   rec.ops = OpSequence(p.forward);
@@ -1018,7 +1023,9 @@ void Agent::write_report(const std::string& path) const {
                     {"backward_nodes", p.backward.size()}, {"step_us", p.forward_us + p.backward_us}};
   }
   // "index": the plan's place among all made (PlanRecord); "replaces": the plan of the same kind
-  // it was made to replace (check_gradient_credit), or -1; "in_use": its kind's plan at the end.
+  // it was made to replace (check_gradient_credit), or -1; "variant_of": the plan whose steps that
+  // begin without gradients it replays (plan_without_gradients), or -1; "in_use": its kind's plan
+  // at the end.
   auto plan_json = [this](const PlanRecord& rec) {
     const PlanInfo& i = rec.info;
     const int index = static_cast<int>(&rec - plans_.data());
@@ -1028,7 +1035,7 @@ void Agent::write_report(const std::string& path) const {
                           {"predicted_time_us", i.predicted_time_us}, {"unplanned_time_us", i.unplanned_time_us},
                           {"evictions", i.evictions}, {"recomputes", i.recomputes}, {"planning_s", i.planning_s},
                           {"kind", fmt::format("{:016x}", rec.kind)}, {"actions", rec.replayer != nullptr},
-                          {"index", index}, {"replaces", rec.credited},
+                          {"index", index}, {"replaces", rec.credited}, {"variant_of", rec.variant_of},
                           {"in_use", kinds_.plan_of(rec.kind) == index}};
   };
   // "plan": the latest plan made (the only one, unless the script runs several kinds of step);

@@ -107,6 +107,12 @@ class Agent final : public OpSink {
     // A parameter its steps save for backward (Agent::pack): a step that begins while its
     // gradient is unset allocates it.
     c10::weak_intrusive_ptr<c10::TensorImpl> param{c10::intrusive_ptr<c10::TensorImpl>()};
+    // Its record began with the gradients set; a step that begins without them replays the plan
+    // at `without_grads` (made from a record of the kind that began so; -1: not yet, -2: none).
+    bool began_with_grads = false;
+    int64_t record_step = -1;  // the step of the record it was made from
+    int without_grads = -1;
+    int variant_of = -1;  // that plan: the index of the plan it stands in for
   };
 
   Agent();
@@ -121,6 +127,8 @@ class Agent final : public OpSink {
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);
   void credit_at_begin();
+  bool lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param) const;
+  int plan_without_gradients(size_t index);
   void watch_param(const at::Tensor& t);
   void narrow_kinds(int64_t op, uint64_t hash, uint64_t structure);
   void decide_kind(int plan);
@@ -194,6 +202,8 @@ class Agent final : public OpSink {
   int64_t opt_round_step_ = -1;     // steps_ when opt_rounds_ last grew
   // A parameter the steps recorded whole save for backward (watch_param; PlanRecord::param).
   c10::weak_intrusive_ptr<c10::TensorImpl> step_param_{c10::intrusive_ptr<c10::TensorImpl>()};
+  bool step_began_without_ = false;     // the running step began with no gradients
+  std::vector<char> began_without_;     // the same, per record in profiles_
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;
   bool our_hooks_on_top() const;

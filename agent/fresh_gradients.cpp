@@ -25,12 +25,13 @@ const at::Tensor* param_behind(const torch::autograd::Node& fn, int depth) {
 }
 }  // namespace
 
-// A plan that counts gradients some of its steps may not allocate (check_gradient_credit) watches
-// one parameter of its steps (credit_at_begin): the first leaf that requires grad saved for
-// backward in the record it was made from, or the first one a few nodes behind a saved tensor
-// (Linear saves its weight transposed; under autocast, a transposed copy). In a replayed step only
-// the planned ops' packs come here: taken from those when the record's parameter is gone (a script
-// that replaces its parameters). Until one is found: at most 3 + 9 + 27 edges per pack.
+// One parameter is watched for whether a step begins with gradients (credit_at_begin): the first
+// leaf that requires grad saved for backward in a step recorded whole (kept while it lives), or
+// the first one a few nodes behind a saved tensor (Linear saves its weight transposed; under
+// autocast, a transposed copy). Each plan keeps the one of when it was made; in a replayed step
+// of a plan that counts gradients some of its steps may not allocate, where only the planned
+// ops' packs come here, it is taken again from those when it is gone (a script that replaces its
+// parameters). Until one is found: at most 3 + 9 + 27 edges per pack.
 void Agent::watch_param(const at::Tensor& t) {
   constexpr int kDepth = 3;
   c10::weak_intrusive_ptr<c10::TensorImpl>& w =
@@ -50,12 +51,22 @@ void Agent::watch_param(const at::Tensor& t) {
 // in its baseline. Only a watched leaf that is no parameter of the optimizer (a script's own
 // leaf whose gradient it never resets) misleads this; check_gradient_credit then sees the step
 // allocate them at its end. Once per step: a weak pointer's lock and a read.
+//
+// And a step that begins without them, of a kind whose plan was made from a record that began
+// with them (and counts none: gradients zeroed between forward and backward were in that
+// record's baseline), allocates them above its baseline: the step after a backward that raised
+// (--zero-grad-late --backward-raises-at: tv-regnet +17.9% over the prediction, tools/soak.py).
+// It replays a plan made from a record of the kind that began without them (plan_without_gradients).
 void Agent::credit_at_begin() {
   if (choice_.profile || choice_.plan < 0) return;
-  PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
-  if (rec.credited < 0 || rec.fresh_bytes == 0) return;
-  const c10::intrusive_ptr<c10::TensorImpl> param = rec.param.lock();
-  if (!param || at::Tensor(param).grad().defined()) return;
+  const auto index = static_cast<size_t>(choice_.plan);
+  PlanRecord& rec = plans_[index];
+  if (rec.fresh_bytes == 0 && rec.credited < 0 && rec.began_with_grads && lacks_gradient(rec.param)) {
+    const int variant = plan_without_gradients(index);
+    if (variant >= 0) choice_.plan = variant;
+    return;
+  }
+  if (rec.credited < 0 || rec.fresh_bytes == 0 || !lacks_gradient(rec.param)) return;
   info("step {} begins with no gradients, and will allocate the {} of them its plan left out (gradient "
        "accumulation): its kind of step goes back to the plan that counts them",
        steps_, format_bytes(rec.fresh_bytes));
@@ -77,6 +88,36 @@ void Agent::credit_at_begin() {
 // record; a percentage budget is of that record's activations). A step of that plan that allocates them after all sends the kind
 // back to the plan that counts them, for good: before it runs (credit_at_begin) or, when nothing
 // told, after (then that one step passed its prediction by them). Once per step: a compare.
+// `param` is alive and has no gradient. Cost: a weak pointer's lock and a read.
+bool Agent::lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param) const {
+  const c10::intrusive_ptr<c10::TensorImpl> p = param.lock();
+  return p && !at::Tensor(p).grad().defined();
+}
+
+// The plan for the steps of plans_[index]'s kind that begin without gradients: made the first
+// time one does (planning then, once, at that step's first op), from the latest record of the
+// kind that began so (the run's first step, often: one-time allocations in it make the plan
+// err on the safe side). -1 when the kind has no such record (the step runs the kind's plan).
+int Agent::plan_without_gradients(size_t index) {
+  PlanRecord& rec = plans_[index];
+  if (rec.without_grads != -1) return rec.without_grads;
+  rec.without_grads = -2;
+  for (size_t i = profiles_.size(); i-- > 0;) {
+    if (profiles_[i].signature != rec.kind || !began_without_[i]) continue;
+    info("step {} begins without gradients, unlike step {} that its kind's plan was made from: the kind's steps "
+         "that do replay a plan made from step {}, which began so too",
+         steps_, rec.record_step, profiles_[i].step);
+    PlanRecord variant = make_plan(profiles_[i], "-without-gradients");
+    variant.variant_of = static_cast<int>(index);
+    variant.info.source += ", for steps that begin without gradients";
+    plans_.push_back(std::move(variant));  // (rec is invalid from here)
+    const int at = static_cast<int>(plans_.size()) - 1;
+    plans_[index].without_grads = at;
+    return at;
+  }
+  return -1;
+}
+
 void Agent::check_gradient_credit(const Profile& p) {
   constexpr int kFreeSteps = 2, kFreeRounds = 2;
   if (choice_.profile || choice_.plan < 0) return;
