@@ -467,13 +467,23 @@ def test_alternating_kinds_of_step_each_replay_their_own_plan(runner, plain_runs
     # requires grad) are not part of that step, which used to make it a third kind.
     assert kinds["kinds"] == 2
     assert kinds["misses"] <= 1  # right after the warm-up, before the second kind has a plan
-    assert len(report["plans"]) == 2 and len(report["replay"]) == 2
-    assert p.stderr.count("planning took") == 2
-    for plan, r in zip(report["plans"], report["replay"]):
+    # The shorter kind shares its ops with the run's first step (a longer one), which allocated
+    # every gradient: its plan counts them, though its steps (second micro-steps) never allocate
+    # any. Where that plan peaks depends on the op times it was made from: when its steps peak
+    # under the prediction, that kind is planned again without them (check_gradient_credit).
+    made = [q for q in report["plans"] if q["replaces"] < 0]
+    assert len(made) == 2 and len(report["plans"]) - len(made) <= 1
+    assert len(report["replay"]) == len(report["plans"])
+    assert p.stderr.count("planning took") == len(report["plans"])
+    plans = {q["index"]: q for q in report["plans"]}
+    per_kind = {}
+    for r in report["replay"]:
+        plan = plans[r["plan"]]
         assert r["evicted"] > 0 and r["rebuilt"] == r["evicted"] and r["on_demand"] <= r["evicted"] // r["steps"]
         peaks = [pk - b for pk, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
-        assert len(peaks) >= STEPS - 4
+        per_kind[r["kind"]] = per_kind.get(r["kind"], 0) + len(peaks)
         assert max(peaks) + plan["baseline_bytes"] <= plan["budget_bytes"]
+    assert len(per_kind) == 2 and min(per_kind.values()) >= STEPS - 4
     assert sum(r["steps"] for r in report["replay"]) >= 2 * STEPS - 5
 
 
