@@ -645,8 +645,9 @@ void Agent::begin_step(const at::RecordFunction& first) {
           choice_.plan_at_once ? " (plan at once)" : "", choice_.others.size());
   }
   if (choice_.family) log_family();
-  // (The last begin of a step counts: a step restarted at its forward, after a zero_grad.)
-  step_began_without_ = steps_ == 0 || lacks_gradient(step_param_);
+  // Noted for a record (the last begin of a step counts: a step restarted at its forward, after
+  // a zero_grad).
+  if (choice_.profile) step_began_without_ = steps_ == 0 || lacks_gradient(step_param_);
   credit_at_begin();
   replayer_ = choice_.profile ? nullptr : plans_[static_cast<size_t>(choice_.plan)].replayer.get();
   undecided_.clear();
@@ -669,9 +670,7 @@ void Agent::begin_step(const at::RecordFunction& first) {
 void Agent::end_step(Profile p) {
   if (!planning_) {
     // Profile only: the first MEMPLAN_WARMUP steps, written out, then nothing more to do.
-    profiles_.push_back(std::move(p));
-    began_without_.push_back(step_began_without_ ? 1 : 0);
-    outputs_written_ = false;
+    keep_record(std::move(p));
     if (static_cast<int>(profiles_.size()) >= options().warmup) {
       write_outputs();
       stop_observing();
@@ -729,9 +728,7 @@ void Agent::end_step(Profile p) {
   const bool plan_now = kinds_.finish(choice_, p.signature, first_op_, diverged);
   if (choice_.profile) {
     profile_next_ = false;  // reset here: begin_step may run more than once per step
-    profiles_.push_back(std::move(p));
-    began_without_.push_back(step_began_without_ ? 1 : 0);
-    outputs_written_ = false;
+    keep_record(std::move(p));
     if (plan_now) {
       // A step of the kind may allocate gradients this record added into (kind_profile.h):
       // the plan counts them. The record is replaced, so the profile file, the summary and the
@@ -759,6 +756,13 @@ void Agent::end_step(Profile p) {
   }
 }
 
+// A step recorded whole joins the records, with whether it began without gradients.
+void Agent::keep_record(Profile p) {
+  profiles_.push_back(std::move(p));
+  began_without_.push_back(step_began_without_ ? 1 : 0);
+  outputs_written_ = false;
+}
+
 // The recent steps are all of kinds whose plans have no actions: stop observing ops, zero cost
 // from here (a budget above the un-planned peak).
 bool Agent::nothing_to_do() const {
@@ -767,12 +771,11 @@ bool Agent::nothing_to_do() const {
   if (static_cast<int>(recent.size()) < std::min(options().warmup, kRecent)) return false;
   for (uint64_t kind : recent) {
     const int plan = kinds_.plan_of(kind);
-    if (plan < 0 || plans_[static_cast<size_t>(plan)].replayer) return false;
+    if (plan < 0) return false;
+    const PlanRecord& rec = plans_[static_cast<size_t>(plan)];
     // Made without gradients a step may yet allocate: watched (credit_at_begin), the plan that
     // counts them may have actions.
-    if (plans_[static_cast<size_t>(plan)].credited >= 0 && plans_[static_cast<size_t>(plan)].fresh_bytes > 0) {
-      return false;
-    }
+    if (rec.replayer || (rec.credited >= 0 && rec.fresh_bytes > 0)) return false;
   }
   return true;
 }
@@ -825,8 +828,8 @@ Agent::PlanRecord Agent::make_plan(const Profile& p, const std::string& variant)
     std::optional<planner::Plan> plan = obtain_plan(p, &rec.info, variant);
     if (plan && !plan->empty()) rec.replayer = std::make_unique<Replayer>(p, std::move(*plan));
   }
-  // Planning runs at a backward's end, and is reported on its own ("planning took"): the next
-  // iteration's wall time starts after it.
+  // Planning is reported on its own ("planning took"), kept out of the iteration's wall time (it
+  // runs at a backward's end, or once at a step's first op: plan_without_gradients).
   last_backward_end_ += std::chrono::steady_clock::now() - t0;
   return rec;
 }

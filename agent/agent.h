@@ -123,6 +123,7 @@ class Agent final : public OpSink {
   MemoryCounter* memory_for_step();
   void begin_step(const at::RecordFunction& first);
   void end_step(Profile p);
+  void keep_record(Profile p);
   void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited = nullptr, const FreshGradients& fresh = {});
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);

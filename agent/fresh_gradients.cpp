@@ -75,19 +75,6 @@ void Agent::credit_at_begin() {
   kinds_.set_plan(rec.kind, rec.credited);
 }
 
-// Whether the gradients a plan counts are ever allocated by its steps (kind_profile.h). They are
-// when the kind runs every first micro-step of an accumulation; they are not when those steps
-// begin with other ops (the script reads its parameters between the optimizer step and the next
-// forward: a kind of their own), and the run's first step, which allocated them, was the only
-// one; or when the script zeroes them between forward and backward (then the step's baseline
-// held them: freed, then allocated again, they add nothing). Then the plan over-predicts by them
-// (tv-regnet with --log-grads --accum 2 at 50%: -16.6%; the CNN with --zero-grad-late: -7.5%)
-// and recomputes more than the budget asks. Once two optimizer rounds have passed since the plan
-// (a round's first micro-step, of this kind, would have allocated them) and two of its steps
-// allocated none, peaking under the prediction, the kind is planned again without them (its own
-// record; a percentage budget is of that record's activations). A step of that plan that allocates them after all sends the kind
-// back to the plan that counts them, for good: before it runs (credit_at_begin) or, when nothing
-// told, after (then that one step passed its prediction by them). Once per step: a compare.
 // `param` is alive and has no gradient. Cost: a weak pointer's lock and a read.
 bool Agent::lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param) const {
   const c10::intrusive_ptr<c10::TensorImpl> p = param.lock();
@@ -97,7 +84,7 @@ bool Agent::lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param
 // The plan for the steps of plans_[index]'s kind that begin without gradients: made the first
 // time one does (planning then, once, at that step's first op), from the latest record of the
 // kind that began so (the run's first step, often: one-time allocations in it make the plan
-// err on the safe side). -1 when the kind has no such record (the step runs the kind's plan).
+// err on the safe side). Negative when the kind has no such record (the step runs the kind's plan).
 int Agent::plan_without_gradients(size_t index) {
   PlanRecord& rec = plans_[index];
   if (rec.without_grads != -1) return rec.without_grads;
@@ -118,6 +105,20 @@ int Agent::plan_without_gradients(size_t index) {
   return -1;
 }
 
+// Whether the gradients a plan counts are ever allocated by its steps (kind_profile.h). They are
+// when the kind runs every first micro-step of an accumulation; they are not when those steps
+// begin with other ops (the script reads its parameters between the optimizer step and the next
+// forward: a kind of their own), and the run's first step, which allocated them, was the only
+// one; or when the script zeroes them between forward and backward (then the step's baseline
+// held them: freed, then allocated again, they add nothing). Then the plan over-predicts by them
+// (tv-regnet with --log-grads --accum 2 at 50%: -16.6%; the CNN with --zero-grad-late: -7.5%)
+// and recomputes more than the budget asks. Once two optimizer rounds have passed since the plan
+// (a round's first micro-step, of this kind, would have allocated them) and two of its steps
+// allocated none, peaking under the prediction, the kind is planned again without them (its own
+// record; a percentage budget is of that record's activations). A step of that plan that
+// allocates them after all sends the kind back to the plan that counts them, for good: before it
+// runs (credit_at_begin) or, when nothing told, after (then that one step passed its prediction
+// by them). Once per step: a compare.
 void Agent::check_gradient_credit(const Profile& p) {
   constexpr int kFreeSteps = 2, kFreeRounds = 2;
   if (choice_.profile || choice_.plan < 0) return;
@@ -160,7 +161,6 @@ void Agent::check_gradient_credit(const Profile& p) {
   next.fresh_bytes = rec.fresh_bytes;
   next.fresh_from = rec.fresh_from;
   next.credited = static_cast<int>(index);
-  next.credit_settled = true;
   next.info.source += ", its gradients not counted";
   next.param = rec.param;
   plans_.push_back(std::move(next));  // (rec is invalid from here)
