@@ -868,6 +868,8 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo
     out->source = from;
     out->evictions = static_cast<int64_t>(plan.evictions.size());
     out->recomputes = static_cast<int64_t>(plan.recomputes.size());
+    out->rerun_ops = 0;
+    for (const planner::Recompute& r : plan.recomputes) out->rerun_ops += static_cast<int64_t>(r.ops.size());
     return plan;
   };
   if (!opt.plan.empty()) {
@@ -1036,7 +1038,8 @@ void Agent::write_report(const std::string& path) const {
                           {"unplanned_peak_bytes", i.unplanned_peak}, {"predicted_peak_bytes", i.predicted_peak},
                           {"min_feasible_bytes", i.min_feasible}, {"feasible", i.feasible},
                           {"predicted_time_us", i.predicted_time_us}, {"unplanned_time_us", i.unplanned_time_us},
-                          {"evictions", i.evictions}, {"recomputes", i.recomputes}, {"planning_s", i.planning_s},
+                          {"evictions", i.evictions}, {"recomputes", i.recomputes}, {"rerun_ops", i.rerun_ops},
+                          {"planning_s", i.planning_s},
                           {"kind", fmt::format("{:016x}", rec.kind)}, {"actions", rec.replayer != nullptr},
                           {"index", index}, {"replaces", rec.credited}, {"variant_of", rec.variant_of},
                           {"in_use", kinds_.plan_of(rec.kind) == index}};

@@ -81,6 +81,7 @@ class Agent final : public OpSink {
     double predicted_time_us = 0, unplanned_time_us = 0, planning_s = 0;
     bool feasible = true;
     int64_t evictions = 0, recomputes = 0;
+    int64_t rerun_ops = 0;  // forward ops its recomputes re-run, per step
   };
 
   // One plan, for one kind of step (StepKinds): its summary facts and, if it has actions, the

@@ -662,7 +662,9 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, ui
     for (int64_t v : hold_from_[op]) {
       auto it = value_slot_.find(v);
       if (it == value_slot_.end()) continue;
-      if (auto impl = slots_[it->second.first][it->second.second].impl.lock()) holds_[v] = at::Tensor(impl);
+      if (auto impl = slots_[it->second.first][it->second.second].impl.lock()) {
+        holds_[v] = Hold{at::Tensor(impl), it->second.first, it->second.second};
+      }
     }
   }
 }
@@ -858,7 +860,59 @@ void Replayer::compact_after(int64_t op) {
 bool Replayer::slot_available(int64_t op, int64_t index) const {
   const Slot& s = slots_[op][index];
   if (auto impl = s.impl.lock()) return impl->version_counter().current_version() == s.version;
-  return !s.storage.expired() && s.counter.enabled() && s.counter.current_version() == s.version;
+  if (!s.storage.expired()) return s.counter.enabled() && s.counter.current_version() == s.version;
+  return held_view(op, index, /*make=*/false).defined();
+}
+
+at::Tensor Replayer::held_view(int64_t op, int64_t index, bool make) const {
+  const Slot& s = slots_[op][index];
+  // The forward's storage must be gone: while it lives, what shares it is the forward's own
+  // tensor, which the version checks before this judge.
+  const c10::StorageImpl* storage = s.storage._unsafe_get_target();
+  if (storage == nullptr || !s.storage.expired() || !s.counter.enabled()) return at::Tensor();
+  if (static_cast<size_t>(op) >= output_values_.size() || static_cast<size_t>(index) >= output_values_[op].size())
+    return at::Tensor();
+  const int64_t v = output_values_[op][index];
+  if (v < 0) return at::Tensor();
+  // `t` was re-made as output `from_index` of `from_op` (viewed as `src` if a view): it stands for
+  // the forward's storage at that slot's version, laid out as the forward's was, shifted by where
+  // it starts in it.
+  auto view_of = [&](const at::Tensor& t, int64_t from_op, int64_t from_index, const TensorSource* src) {
+    if (!t.defined() || !t.has_storage() || t.layout() != at::kStrided) return at::Tensor();
+    const Slot& from = slots_[from_op][from_index];
+    // Views of one storage share one version counter: equal versions, equal contents.
+    if (from.storage._unsafe_get_target() != storage || from.version != s.version) return at::Tensor();
+    const bool viewed = src != nullptr && src->view;
+    if (!t.sizes().equals(viewed ? src->sizes : from.sizes) || !t.strides().equals(viewed ? src->strides : from.strides) ||
+        t.scalar_type() != s.options.dtype().toScalarType()) {
+      return at::Tensor();
+    }
+    const int64_t offset = s.offset + t.storage_offset() - (viewed ? src->offset : from.offset);
+    int64_t last = offset;
+    for (size_t d = 0; d < s.sizes.size(); ++d) {
+      if (s.sizes[d] == 0) return at::Tensor();
+      last += (s.sizes[d] - 1) * s.strides[d];
+    }
+    if (offset < 0 || (last + 1) * static_cast<int64_t>(t.element_size()) > static_cast<int64_t>(t.storage().nbytes()))
+      return at::Tensor();
+    if (!make) return t;
+    at::Tensor out = at::empty({0}, s.options);
+    out.set_(t.storage(), offset, s.sizes, s.strides);
+    return out;
+  };
+  if (auto h = holds_.find(v); h != holds_.end() && h->second.op >= 0) {
+    if (at::Tensor t = view_of(h->second.tensor, h->second.op, h->second.index, nullptr); t.defined()) return t;
+  }
+  // A saved tensor of the value a recompute put back (SDPA's q, k, v; the next recompute re-runs
+  // SDPA for its output).
+  if (auto h = handles_.find(v); h != handles_.end()) {
+    for (const auto& w : h->second) {
+      auto st = w.lock();
+      if (!st || st->evicted || st->source.kind != TensorSource::Kind::Slot) continue;
+      if (at::Tensor t = view_of(st->tensor, st->source.op, st->source.index, &st->source); t.defined()) return t;
+    }
+  }
+  return at::Tensor();
 }
 
 void Replayer::count_uses(const TensorSource& src, Memo& memo, int depth) {
@@ -920,6 +974,7 @@ at::Tensor Replayer::slot_tensor(int64_t op, int64_t index, Memo& memo, int dept
       return t;
     }
   }
+  if (at::Tensor t = held_view(op, index, /*make=*/true); t.defined()) return t;
   if (memo.output_uses.find({op, index}) == memo.output_uses.end()) memo.output_uses[{op, index}] = 1;
   run_op(op, memo, depth + 1);
   at::Tensor t = take(memo.outputs, memo.output_uses, {op, index});
@@ -1207,7 +1262,10 @@ void Replayer::run_recompute(int64_t node) {
     if (!had_handles) {
       // A checkpoint a later recompute reads: keep it until its release.
       auto slot = value_slot_.find(v);
-      if (slot != value_slot_.end()) holds_[v] = slot_tensor(slot->second.first, slot->second.second, memo, 0);
+      if (slot != value_slot_.end()) {
+        holds_[v] = Hold{slot_tensor(slot->second.first, slot->second.second, memo, 0), slot->second.first,
+                         slot->second.second};
+      }
     }
   }
 }

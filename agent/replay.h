@@ -183,6 +183,13 @@ class Replayer {
   TensorSource source_of(const at::Tensor& t, bool unknown_is_external);
   bool rebuildable(const TensorSource& src) const;
   bool slot_available(int64_t op, int64_t index) const;
+  // Output `index` of `op`, its forward storage gone, as a view of a tensor an earlier recompute
+  // re-made from that storage at the same version and still keeps: a hold of its value, or a saved
+  // tensor of it put back (one recompute puts back SDPA's q, k, v, views of the packed
+  // projection; the next re-runs SDPA from them instead of re-running the projection beside
+  // them). Undefined if none; with !make, any defined tensor means found. Cost: two hash lookups
+  // and a pass over the value's saved handles (a few); one set_ if made.
+  at::Tensor held_view(int64_t op, int64_t index, bool make) const;
   void count_uses(const TensorSource& src, Memo& memo, int depth);
   at::Tensor resolve(const TensorSource& src, Memo& memo, int depth);
   at::Tensor slot_tensor(int64_t op, int64_t index, Memo& memo, int depth);
@@ -290,7 +297,13 @@ class Replayer {
   std::unordered_map<int64_t, std::pair<int64_t, int64_t>> value_slot_;  // value -> latest slot
   std::vector<Pending> pending_;
   std::unordered_map<int64_t, std::vector<std::weak_ptr<SavedState>>> handles_;  // by value
-  std::unordered_map<int64_t, at::Tensor> holds_;
+  // A value kept for later recomputes, with the slot it was taken from: a re-made hold no longer
+  // shares its storage with the forward's; held_view finds it through that slot.
+  struct Hold {
+    at::Tensor tensor;
+    int64_t op = -1, index = -1;
+  };
+  std::unordered_map<int64_t, Hold> holds_;
   int64_t packs_in_op_ = 0;
   ReplayStats stats_;
   // Action log of the first replayed step: NVTX marks/ranges always, trace events for step 1.
