@@ -10,7 +10,6 @@
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/utils/schema_info.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
 
@@ -23,6 +22,7 @@
 #include "planner/rerun_ops.h"
 #include "profiler/nvtx_ranges.h"
 #include "profiler/op_hash.h"
+#include "profiler/op_writes.h"
 #include "profiler/rerun_handle.h"
 #include "profiler/tensor_args.h"
 
@@ -444,24 +444,8 @@ void Replayer::check_divergence(int64_t op, uint64_t hash, uint64_t structure, c
   }
 }
 
-// Which arguments an op may write: its schema's (a!) annotations, and the writes schemas do not
-// declare, which torch's SchemaInfo knows: aten::batch_norm, native_batch_norm, instance_norm and
-// their kin update running_mean / running_var in training mode with no annotation (a re-run must
-// not update them a second time), rrelu_with_noise writes `noise`. Asked without argument values,
-// so a training flag counts as true: at worst an eval-mode re-run clones two small buffers.
-// Cost: one SchemaInfo per operator per Replayer (cached by schema address), then a map lookup.
-namespace {
-// Per argument of `schema`: 1 if the op may write it (SchemaInfo, see written_args).
-std::vector<char> mutable_args(const c10::FunctionSchema& schema) {
-  torch::utils::SchemaInfo info(schema);
-  std::vector<char> out(schema.arguments().size(), 0);
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = info.is_mutable(c10::SchemaArgument(c10::SchemaArgType::input, i)) ? 1 : 0;
-  }
-  return out;
-}
-}  // namespace
-
+// Which arguments an op may write: profiler/op_writes.h. Cost: one SchemaInfo per operator per
+// Replayer (cached by schema address), then a map lookup.
 const std::vector<char>& Replayer::written_args(const c10::FunctionSchema& schema) {
   auto it = written_by_schema_.find(&schema);
   if (it != written_by_schema_.end()) return it->second;
@@ -731,16 +715,6 @@ bool Replayer::written_unsnapshotted(const c10::TensorImpl* impl, const External
          !snapshots_.count({impl, e.version});
 }
 
-const std::vector<char>& Replayer::writes_of(const at::RecordFunction& fn) {
-  const char* name = fn.name();
-  auto it = writes_by_name_.find(name);
-  if (it != writes_by_name_.end()) return it->second;
-  std::vector<char> out;
-  if (auto schema = fn.operator_schema()) out = mutable_args(*schema);
-  if (std::find(out.begin(), out.end(), 1) == out.end()) out.clear();  // writes nothing: empty
-  return writes_by_name_.emplace(name, std::move(out)).first->second;
-}
-
 void Replayer::guard_external(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return;
   auto range = external_storage_.equal_range(t.storage().unsafeGetStorageImpl());
@@ -757,7 +731,7 @@ void Replayer::guard_external(const at::Tensor& t) {
 
 void Replayer::before_write(const at::RecordFunction& fn) {
   if (externals_.empty()) return;
-  const std::vector<char>& w = writes_of(fn);
+  const std::vector<char>& w = writes_.of(fn);
   if (w.empty()) return;
   const auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size() && i < w.size(); ++i) {

@@ -27,6 +27,7 @@
 #include "agent/saved.h"
 #include "planner/plan.h"
 #include "profiler/op_sequence.h"
+#include "profiler/op_writes.h"
 #include "profiler/profile.h"
 #include "profiler/trace_export.h"
 
@@ -271,9 +272,7 @@ class Replayer {
   // Externals written through a tensor that does not share their version counter (`.data`):
   // their version says nothing, a rebuild reads their snapshot.
   std::unordered_set<const c10::TensorImpl*> overwritten_;
-  // Per op name (RecordFunction's stable pointer): which arguments it may write; empty if none.
-  std::unordered_map<const char*, std::vector<char>> writes_by_name_;
-  const std::vector<char>& writes_of(const at::RecordFunction& fn);
+  WritesByName writes_;  // per op name: which arguments it may write; empty if none
   // A write is about to land on `t`: copy every captured external sharing its storage whose
   // current contents a recipe captured.
   void guard_external(const at::Tensor& t);

@@ -23,10 +23,16 @@ BlockProblem make_block_problem(const Graph& g, const Block& b, int64_t out_sepa
     bp.out_bytes.push_back(g.out_bytes[i]);
     bp.fwd_time += p.forward[i].time_us;
     for (const Dep& d : g.deps[i]) {
-      if (d.src < b.first) continue;  // block input, persistent, or earlier: available
+      if (d.src < b.first) {
+        // Block input, persistent, or earlier: available, unless written in place since (then
+        // only ops before the block could remake it: not re-run within this block).
+        if (d.src >= 0 && d.stale) bp.rerunnable[o] = 0;
+        continue;
+      }
       const int s = static_cast<int>(d.src - b.first);
-      if (d.src != g.producer(d.value)) {
-        bp.must.push_back({o, s});  // a view/in-place op re-exposed it: rerun that op too
+      if (d.src != g.producer(d.value) || d.stale) {
+        // a view/in-place op re-exposed it, or a write replaced it: rerun that op too
+        bp.must.push_back({o, s});
         continue;
       }
       auto it = cand_index.find(d.value);

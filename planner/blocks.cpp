@@ -54,7 +54,8 @@ std::string signature(const Graph& g, const Block& b) {
     const Op& op = p.forward[i];
     s += fmt::format("{}.{}(", op.name, op.overload);
     for (const Dep& d : g.deps[i])
-      s += fmt::format("{}@{},", name(d.value), d.src >= b.first ? fmt::format("{}", d.src - b.first) : "-");
+      s += fmt::format("{}@{}{},", name(d.value), d.src >= b.first ? fmt::format("{}", d.src - b.first) : "-",
+                       d.stale ? "!" : "");
     s += ")->";
     for (int64_t v : g.produces[i]) {
       const Value& val = p.values[v];
@@ -75,10 +76,20 @@ std::vector<Block> make_blocks(const Graph& g, const BlockOptions& opt) {
   std::vector<Block> out;
   if (g.n_fwd == 0) return out;
   std::vector<int> cross = crossings(g);
+  // No cut between an op and a later one that reads what it made after a write replaced it
+  // (relu_ of a BatchNorm output, the cut between them a separator): the block's re-run could
+  // not remake that input from the block's own ops, and a checkpoint of it holds the written one.
+  std::vector<int> split(g.n_fwd + 1, 0);
+  for (int64_t o = 0; o < g.n_fwd; ++o)
+    for (const Dep& d : g.deps[o])
+      if (d.stale && d.src < o) {
+        ++split[d.src];
+        --split[o];
+      }
   // Atomic segments end at every separator.
   std::vector<int64_t> ends;
-  for (int64_t i = 0; i + 1 < g.n_fwd; ++i)
-    if (cross[i] <= 1) ends.push_back(i);
+  for (int64_t i = 0, inside = 0; i + 1 < g.n_fwd; ++i)
+    if ((inside += split[i]) == 0 && cross[i] <= 1) ends.push_back(i);
   ends.push_back(g.n_fwd - 1);
 
   // Merge: first to at least min_ops ops, then evenly to at most max_blocks.

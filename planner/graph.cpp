@@ -93,7 +93,7 @@ void drop_unrebuildable(Graph* g) {
         if (d.src < 0) continue;
         const bool made = d.src == g->producer(d.value);
         if (made && candidate(d.value)) continue;
-        if (made && g->stuck[d.src] && g->natural_end[d.value] >= g->n_fwd) {
+        if (made && !d.stale && g->stuck[d.src] && g->natural_end[d.value] >= g->n_fwd) {
           until[i] = std::min(until[i], g->natural_end[d.value]);
           continue;
         }
@@ -134,7 +134,7 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
   G.natural_end.assign(nv, G.end_pos());
   G.held_until.assign(nv, -1);
   G.dies_after.assign(nv, -1);
-  for (size_t v = 0; v < nv; ++v) {
+  for (int64_t v = 0; v < nv; ++v) {
     G.held_until[v] = p.values[v].held_until;
     G.dies_after[v] = p.values[v].dies_after;
     G.any_dies = G.any_dies || G.dies_after[v] >= 0;
@@ -238,6 +238,13 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
     G.workspace[i] = std::max<int64_t>(0, op.peak - std::max(op.live_before, op.live_after));
     G.fwd_time_us += op.time_us;
   }
+  // Writes in place: a dep is stale if an op after its src writes its value.
+  std::vector<int64_t> last_write(nv, -1);
+  for (int64_t i = 0; i < nf; ++i)
+    for (int64_t v : p.forward[i].writes)
+      if (v >= 0 && v < nv) last_write[v] = i;
+  for (int64_t i = 0; i < nf; ++i)
+    for (Dep& d : G.deps[i]) d.stale = d.src >= 0 && last_write[d.value] > d.src;
   for (int64_t j = 0; j < nb; ++j) {
     const Op& n = p.backward[j];
     G.bwd_workspace[j] = std::max<int64_t>(0, n.peak - std::max(n.live_before, n.live_after));
@@ -258,6 +265,8 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
   std::vector<char> mutated(nv, 0);
   for (int64_t i = 0; i < nf; ++i) {
     const Op& op = p.forward[i];
+    for (int64_t v : op.writes) mutated[v] = 1;
+    // A profile from before Op::writes: aten's in-place ops end in '_'.
     bool inplace = !op.name.empty() && op.name.back() == '_';
     if (!inplace) continue;
     for (const TensorRef& t : op.outputs)

@@ -18,6 +18,12 @@ namespace memplan::planner {
 struct Dep {
   int64_t value = -1;
   int64_t src = -1;
+  // A forward op after `src` writes the value in place (Op::writes; the op itself, relu_ of a
+  // BatchNorm output, or a later one): the tensor alive in backward no longer holds what `src`
+  // left, so a re-run of the op needs `src` re-run before it, though autograd keeps the written
+  // tensor. Otherwise a value still alive is read where it is, also through a view (the replay
+  // views its storage again).
+  bool stale = false;
 };
 
 // Timeline positions: forward op i is position i, backward node j is position n_fwd + j. A value

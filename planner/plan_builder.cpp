@@ -43,11 +43,10 @@ struct Builder {
   void add_op(int64_t o, int64_t j, std::set<int64_t>* ops) {
     if (!ops->insert(o).second) return;
     for (const Dep& d : g.deps[o]) {
-      if (d.src >= 0 && d.src != g.producer(d.value)) {
-        add_op(d.src, j, ops);  // re-expose the view / in-place result the op read
-      } else if (!available(d.value, j)) {
-        add_op(g.producer(d.value), j, ops);
-      }
+      // What the op read, alive as it was read (also through a view or an in-place result: the
+      // replay views its storage again), is read where it is; otherwise the op that made or
+      // exposed it runs again, also when a later write replaced it.
+      if (d.src >= 0 && (d.stale || !available(d.value, j))) add_op(d.src, j, ops);
     }
   }
 };
@@ -141,6 +140,11 @@ void emit_actions(const Graph& g, Builder& B, std::map<int64_t, std::vector<int6
     for (int64_t v : want) {
       if (std::find(keep.begin(), keep.end(), v) != keep.end() || B.available(v, j)) continue;
       B.add_op(g.producer(v), j, &ops);
+      // An op that saved an input saved the tensor it read: a view of the value (flatten before
+      // a classifier's linear) is re-made by re-running the op that made that view.
+      for (int64_t s : g.prof->values[v].saved_by)
+        for (const Dep& d : g.deps[s])
+          if (d.value == v && d.src > g.producer(v)) B.add_op(d.src, j, &ops);
       keep.push_back(v);
     }
     if (ops.empty()) continue;

@@ -273,9 +273,10 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
     for (size_t k = 0; k < rc.ops.size(); ++k) {
       const int64_t o = rc.ops[k];
       for (const Dep& d : g.deps[o]) {
-        if (d.src >= 0 && d.src != g.producer(d.value) && !(in_action.count(d.src) && d.src < o))
-          return fail(r, fmt::format("recompute before node {}: op {} reads a view made by op {} which is not rerun",
-                                     rc.before_bwd, o, d.src));
+        if (d.stale && !(in_action.count(d.src) && d.src < o))
+          return fail(r, fmt::format("recompute before node {}: op {} reads value {} as op {} made it, which is "
+                                     "written in place later and not rerun",
+                                     rc.before_bwd, o, d.value, d.src));
         if (!made.count(d.value) && !alive_at(d.value, pos))
           return fail(r, fmt::format("recompute before node {}: op {} needs value {} which is not available",
                                      rc.before_bwd, o, d.value));

@@ -46,7 +46,11 @@ std::vector<int64_t> SynthBuilder::op(const std::string& name, const std::vector
   for (size_t k = 0; k < out.size(); ++k) {
     int64_t v = out[k].view_of;
     std::vector<int64_t> shape;
-    if (v < 0) {
+    if (out[k].written >= 0) {
+      v = out[k].written;
+      shape = shape_of(v);
+      o.writes.push_back(v);
+    } else if (v < 0) {
       Value val;
       val.bytes = out[k].bytes;
       val.kind = ValueKind::Activation;

@@ -28,6 +28,7 @@ class SynthBuilder {
   struct Out {
     int64_t bytes = 0;         // a new value of this size ...
     int64_t view_of = -1;      // ... or a view of this existing value (bytes ignored)
+    int64_t written = -1;      // ... or this input, written in place (relu_: same shape, Op::writes)
   };
   // Adds a forward op; returns its output values. `saved` lists values (inputs or outputs) its
   // backward node will unpack. Every op gets a backward node (in reverse order) unless no_grad.

@@ -57,6 +57,8 @@ struct Op {
   bool random = false;              // draws from an RNG (has a Generator? argument, or dropout)
   bool rerunnable = true;           // forward ops: a rebuild can call it again (rerun_handle.h);
                                     // false for a Python autograd.Function (CompiledFunction)
+  std::vector<int64_t> writes;      // forward ops: input values its schema lets it write in place
+                                    // (relu_'s self, batch_norm's running stats; op_writes.h)
 };
 
 // A tensor storage seen during the step. Views share their base's value.

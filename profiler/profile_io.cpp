@@ -64,6 +64,7 @@ json op_to_json(const Op& op) {
   for (const auto& t : op.outputs) j["outputs"].push_back(tensor_to_json(t));
   if (!op.packs.empty()) j["packs"] = op.packs;
   if (!op.rerunnable) j["rerunnable"] = false;
+  if (!op.writes.empty()) j["writes"] = op.writes;
   return j;
 }
 
@@ -103,6 +104,7 @@ void op_from_json(const json& j, Op* op) {
   for (const auto& t : j.value("inputs", json::array())) tensor_from_json(t, &op->inputs.emplace_back());
   for (const auto& t : j.value("outputs", json::array())) tensor_from_json(t, &op->outputs.emplace_back());
   op->packs = j.value("packs", std::vector<int64_t>());
+  op->writes = j.value("writes", std::vector<int64_t>());
 }
 
 bool in_range(int64_t i, size_t n) { return i >= 0 && static_cast<size_t>(i) < n; }
@@ -129,6 +131,12 @@ bool check_op(const Op& op, const std::string& where, size_t nvalues, std::strin
   for (int64_t v : op.packs) {
     if (!in_range(v, nvalues)) {
       *error = fmt::format("{}: packs value {} but there are {} values", where, v, nvalues);
+      return false;
+    }
+  }
+  for (int64_t v : op.writes) {
+    if (v < 0 || std::none_of(op.inputs.begin(), op.inputs.end(), [&](const TensorRef& t) { return t.value == v; })) {
+      *error = fmt::format("{}: writes value {}, which is none of its inputs", where, v);
       return false;
     }
   }

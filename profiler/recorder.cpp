@@ -242,7 +242,18 @@ void Recorder::op_start(const at::RecordFunction& fn) {
   drew_unmarked_ = false;
   watching_rng_ = !op.random;
   if (watching_rng_) rng_.before(fn.inputs());
-  for (const c10::IValue& iv : fn.inputs()) add_tensor_refs(iv, &op.inputs, -1);
+  const std::vector<char>& writes = writes_.of(fn);
+  size_t arg = 0;
+  for (const c10::IValue& iv : fn.inputs()) {
+    const size_t first = op.inputs.size();
+    add_tensor_refs(iv, &op.inputs, -1);
+    if (arg < writes.size() && writes[arg]) {
+      for (size_t k = first; k < op.inputs.size(); ++k) {
+        if (op.inputs[k].value >= 0) push_unique(&op.writes, op.inputs[k].value);
+      }
+    }
+    ++arg;
+  }
   for (const TensorRef& r : op.inputs) {
     if (r.value >= 0) push_unique(&profile_.values[r.value].consumers, idx);
   }

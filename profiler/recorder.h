@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "profiler/memory.h"
+#include "profiler/op_writes.h"
 #include "profiler/profile.h"
 #include "profiler/rng_watch.h"
 
@@ -137,6 +138,7 @@ class Recorder {
   std::vector<ValueSlot> slots_;
   std::unordered_map<const c10::StorageImpl*, int64_t> index_;
   std::unordered_map<const char*, RandomRule> random_by_name_;  // schema inspection cached per op name
+  WritesByName writes_;  // which arguments an op may write (Op::writes)
   RngWatch rng_;
   bool watching_rng_ = false;
   bool drew_unmarked_ = false;

@@ -96,6 +96,10 @@ def check(cfg):
                 continue
             err = max(peaks) / plan["predicted_peak_bytes"] - 1
             notes.append(f"peak {err * 100:+.1f}% vs predicted" + (" (replaced)" if r.get("plan") in replaced else ""))
+            # Informational: ops re-run beyond the plan's are time (and transients) it never priced.
+            planned = r.get("steps", 0) * plan.get("rerun_ops", -1)
+            if planned >= 0 and r.get("ops_rerun", 0) > planned:
+                notes.append(f"re-ran {r['ops_rerun']} ops where the plan re-runs {planned}")
             if err > 0.05:
                 return False, f"peak {err * 100:+.1f}% over the prediction; " + trace(mp)
             if plan["feasible"] and max(peaks) > plan["budget_bytes"] * 1.01:

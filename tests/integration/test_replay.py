@@ -198,6 +198,26 @@ def test_a_value_held_for_a_later_recompute_is_read_by_it_not_re_run(runner, pla
         assert 0 < r["ops_rerun"] <= r["steps"] * plan["rerun_ops"], (r["ops_rerun"], r["steps"], plan["rerun_ops"])
 
 
+def test_in_place_activations_are_re_run_as_planned(runner, plain_runs):
+    # tv-mobilenet: Hardswish in place on BatchNorm outputs. The profile names what each op writes
+    # (Op::writes). A re-run of hardswish_ needs its BatchNorm re-run first (the tensor autograd
+    # keeps holds the written values); a later reader reads the written tensor where it is. Plans
+    # said otherwise, and the replay re-ran 140 ops a step where the plan re-ran 128 (BatchNorms
+    # and convolutions the simulator never counted).
+    pytest.importorskip("torchvision")
+    env = {"MEMPLAN_PROFILE_OUT": "profile.json"}
+    p, report = identical_replay(runner, plain_runs, "tv-mobilenet", "50%", ["--batch", "8"], env)
+    ops = load_profile(runner.tmp / "profile.json")["forward"]
+    hardswish = [op for op in ops if op["name"] == "aten::hardswish_"]
+    assert hardswish and all(op.get("writes") == [op["inputs"][0]["value"]] for op in hardswish)
+    bn = [op for op in ops if op["name"] == "aten::batch_norm"]
+    assert bn and all(len(op.get("writes", [])) == 2 for op in bn)  # running mean and variance
+    plan = report["plan"]
+    for r in report["replay"]:
+        assert 0 < r["ops_rerun"] <= r["steps"] * plan["rerun_ops"], (r["ops_rerun"], r["steps"], plan["rerun_ops"])
+    assert_peaks_as_predicted(report, feasible=plan["feasible"])
+
+
 # --user-hooks: the script's own saved_tensors_hooks must see every pack and unpack (its count is
 # in stdout), also for ops whose saved tensors the agent leaves to autograd.
 @pytest.mark.parametrize("extra", [["--torch-profiler"], ["--checkpoint"], ["--func"], ["--accum", "2"],

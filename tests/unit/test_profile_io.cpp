@@ -41,6 +41,7 @@ Profile sample() {
   lin.seq_nr = 7;
   lin.thread = 99;
   lin.inputs = {{0, {4, 25}, "Float"}, {-1, {}, ""}};
+  lin.writes = {0};  // as an op with an (a!) argument
   lin.outputs = {{1, {4, 50}, "Float"}};
   lin.packs = {0, 1, 0};
   lin.start_us = 1;
@@ -100,6 +101,7 @@ void expect_op_eq(const Op& a, const Op& b) {
   ASSERT_EQ(a.outputs.size(), b.outputs.size());
   for (size_t i = 0; i < a.outputs.size(); ++i) expect_tensor_eq(a.outputs[i], b.outputs[i]);
   EXPECT_EQ(a.packs, b.packs);
+  EXPECT_EQ(a.writes, b.writes);
 }
 
 void expect_profile_eq(const Profile& a, const Profile& b) {
@@ -246,6 +248,7 @@ TEST(ProfileIO, RejectsOtherInconsistencies) {
   expect_rejected(mutate([](auto& j) { j["forward"][0]["outputs"][0]["value"] = 99; }), "value 99");
   expect_rejected(mutate([](auto& j) { j["backward"][0]["fwd_op"] = 5; }), "forward op 5");
   expect_rejected(mutate([](auto& j) { j["forward"][0]["packs"] = {0, 42}; }), "packs value 42");
+  expect_rejected(mutate([](auto& j) { j["forward"][1]["writes"] = {2}; }), "writes value 2, which is none of its inputs");
   expect_rejected(mutate([](auto& j) { j["values"][1]["unpacked_by"] = {4}; }), "unpacked by 4");
   expect_rejected(mutate([](auto& j) { j["peak_bytes"] = 10; }), "below baseline_bytes");
   expect_rejected(mutate([](auto& j) { j["forward"][0]["time_us"] = "slow"; }), "forward op 0");
