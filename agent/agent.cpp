@@ -734,14 +734,21 @@ void Agent::end_step(Profile p) {
       // the plan counts them. The record is replaced, so the profile file, the summary and the
       // trace show what was planned.
       FreshGradients fresh;
-      Profile planned = with_fresh_gradients(profiles_, profiles_.size() - 1, &fresh);
+      Profile planned = with_fresh_gradients(profiles_, profiles_.size() - 1, &fresh, &began_without_);
       std::shared_ptr<const Profile> uncredited;
+      if (fresh.kept > 0) {
+        info("step {} kept up to {} of gradients through its backward that step {} of the same kind "
+             "freed before it (zeroed between forward and backward): the plan counts them",
+             fresh.kept_from, format_bytes(fresh.kept), profiles_.back().step);
+      }
       if (fresh.bytes > 0) {
         info("step {} allocated {} of gradients that step {} of the same kind added into (gradient "
              "accumulation): the plan counts them",
              fresh.from_step, format_bytes(fresh.bytes), profiles_.back().step);
         uncredited = std::make_shared<const Profile>(std::move(profiles_.back()));
         profiles_.back() = std::move(planned);
+      } else if (fresh.kept > 0) {
+        profiles_.back() = std::move(planned);  // nothing its steps may not allocate: kept as planned
       }
       plan_kind(profiles_.back(), std::move(uncredited), fresh);
     }

@@ -206,8 +206,11 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
     }
   }
 
-  // Inputs: which op last exposed each tensor (same storage and shape) before op i: its producer,
-  // or a view/in-place op. Matching the shape keeps `W` apart from an earlier `W.t()`.
+  // Inputs: which op output each tensor before op i: its producer, or a view/in-place op. The
+  // recorder says (TensorRef::from); where it does not (a profile from before it, a tensor no
+  // recorded op output), the last op that exposed the same storage with the same shape: that
+  // keeps `W` apart from an earlier `W.t()`, though not q from k, two same-shaped views of one
+  // projection.
   struct Exposure { int64_t op; const std::vector<int64_t>* shape; };
   std::vector<std::vector<Exposure>> exposed(nv);
   for (int64_t i = 0; i < nf; ++i) {
@@ -222,10 +225,16 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
       }
       int64_t src = val.producer;
       const auto& ex = exposed[t.value];
-      for (auto it = ex.rbegin(); it != ex.rend(); ++it) {
-        if (*it->shape == t.shape) {
-          src = it->op;
-          break;
+      const bool told = t.from >= val.producer && t.from < i &&
+                        std::any_of(ex.begin(), ex.end(), [&](const Exposure& e) { return e.op == t.from; });
+      if (told) {
+        src = t.from;
+      } else {
+        for (auto it = ex.rbegin(); it != ex.rend(); ++it) {
+          if (*it->shape == t.shape) {
+            src = it->op;
+            break;
+          }
         }
       }
       auto& d = G.deps[i];

@@ -12,7 +12,8 @@ int64_t allocated(const Op& n) { return n.live_after - n.live_before; }
 
 }  // namespace
 
-Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out) {
+Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out,
+                             const std::vector<char>* began_without) {
   Profile p = recorded[latest];
   std::vector<int64_t> extra(p.backward.size(), 0);
   // Per node: the most any record's memory rose above the node's start while it ran (a first
@@ -21,6 +22,10 @@ Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest
   std::vector<int64_t> rise(p.backward.size(), 0);
   for (size_t j = 0; j < p.backward.size(); ++j) rise[j] = p.backward[j].peak - p.backward[j].live_before;
   std::vector<int64_t> by_record(recorded.size(), 0);
+  // kept_after[j]: the most any record kept beyond the latest after node j (kept_before: before).
+  std::vector<int64_t> kept_before(p.backward.size(), 0), kept_after(p.backward.size(), 0);
+  int64_t kept_most = 0, kept_from = -1;
+  auto gap = [](const Profile& q) { return q.backward[0].live_before - q.forward.back().live_after; };
   for (size_t r = 0; r < recorded.size(); ++r) {
     const Profile& o = recorded[r];
     // Same ops, sizes aside: a parameter's gradient does not follow the data's sizes (a loss
@@ -28,32 +33,55 @@ Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest
     if (r == latest || o.structure_signature != p.structure_signature || first_other_op(o.forward, p.forward) >= 0 ||
         first_other_op(o.backward, p.backward) >= 0)
       continue;
+    // Kept across the gap (same sizes: the forwards match), then what the latest allocates
+    // again beyond it at each AccumulateGrad node.
+    const bool began_alike = began_without == nullptr || began_without->size() != recorded.size() ||
+                             (*began_without)[r] == (*began_without)[latest];
+    int64_t kept =
+        began_alike && !p.forward.empty() && !p.backward.empty() && o.op_hash == p.op_hash ? gap(o) - gap(p) : 0;
+    const bool keeps = kept > 0;
     for (size_t j = 0; j < p.backward.size(); ++j) {
-      if (p.backward[j].name != kAccumulateGrad) continue;
-      rise[j] = std::max(rise[j], o.backward[j].peak - o.backward[j].live_before);
-      const int64_t more = allocated(o.backward[j]) - allocated(p.backward[j]);
-      if (more <= 0) continue;
-      by_record[r] += more;
-      extra[j] = std::max(extra[j], more);
+      if (keeps) kept_before[j] = std::max(kept_before[j], kept);
+      if (p.backward[j].name == kAccumulateGrad) {
+        rise[j] = std::max(rise[j], o.backward[j].peak - o.backward[j].live_before);
+        const int64_t more = allocated(o.backward[j]) - allocated(p.backward[j]);
+        kept += more;
+        if (more > 0) {
+          by_record[r] += more;
+          extra[j] = std::max(extra[j], more);
+        }
+      }
+      if (keeps) {
+        kept_after[j] = std::max(kept_after[j], kept);
+        if (kept_before[j] > kept_most) {
+          kept_most = kept_before[j];
+          kept_from = o.step;
+        }
+      }
     }
   }
   if (out) *out = FreshGradients{};
-  if (std::all_of(extra.begin(), extra.end(), [](int64_t e) { return e == 0; })) return p;
-  int64_t added = 0;
+  if (std::all_of(extra.begin(), extra.end(), [](int64_t e) { return e == 0; }) && kept_most == 0) return p;
+  int64_t added = 0;  // fresh gradients so far
   for (size_t j = 0; j < p.backward.size(); ++j) {
     Op& n = p.backward[j];
-    n.live_before += added;
-    n.peak = std::max(n.peak + added, n.live_before + rise[j]);
+    const int64_t before = std::max(added, kept_before[j]);
+    n.live_before += before;
+    n.peak = std::max(n.peak + before, n.live_before + rise[j]);
     added += extra[j];
-    n.live_after += added;
+    n.live_after += std::max(added, kept_after[j]);
     n.peak = std::max(n.peak, n.live_after);
     p.peak_bytes = std::max(p.peak_bytes, n.peak);
   }
-  p.end_bytes += added;
+  p.end_bytes += std::max(added, p.backward.empty() ? 0 : kept_after.back());
   if (out) {
     out->bytes = added;
-    const size_t r = static_cast<size_t>(std::max_element(by_record.begin(), by_record.end()) - by_record.begin());
-    out->from_step = recorded[r].step;
+    if (added > 0) {
+      const size_t r = static_cast<size_t>(std::max_element(by_record.begin(), by_record.end()) - by_record.begin());
+      out->from_step = recorded[r].step;
+    }
+    out->kept = kept_most;
+    out->kept_from = kept_from;
   }
   return p;
 }

@@ -6,7 +6,15 @@
 // plan let every first one pass its predicted peak by the gradients (a CNN with --accum 2 at
 // 50%: +6.2%; tools/soak.py). The plan gets the latest record with, at each AccumulateGrad node,
 // the most another record of the kind allocated there beyond it. Only gradients: a first step's
-// other allocations (a library's workspace made once) are not every step's. Torch-free.
+// other allocations (a library's workspace made once) are not every step's.
+//
+// The other way round too: a script that zeroes the gradients between forward and backward
+// (before the first micro-step's backward, under accumulation) frees them there and allocates
+// them again node by node; the later micro-steps keep theirs. Planned from the first, the others
+// passed their prediction by the gradients not yet made again (tv-shufflenet --accum 2 at 49%:
+// +9.7%, over the budget; tools/soak.py). So what another record of the same sizes kept across
+// the gap between forward and backward beyond it is counted too, from the first node on, less
+// what the latest allocates again at each AccumulateGrad node beyond it. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -19,14 +27,23 @@ namespace memplan {
 struct FreshGradients {
   int64_t bytes = 0;      // added by the end of the step (0: the latest record as it is)
   int64_t from_step = -1; // the record that allocated the most of them
+  int64_t kept = 0;       // the most added at any node for gradients another record kept
+  int64_t kept_from = -1; // that record
 };
 
 // `recorded[latest]` with, from each AccumulateGrad node on, what other records of its kind
 // allocated there beyond it (records of the same ops and nodes, by structure signature and name:
 // sizes may differ): every later live and peak count is raised by it; and each AccumulateGrad
-// node's peak rises above its start as much as it did in any of them. `*out` (may be null) says
-// how much was added and from which record. Only when some record allocated more is anything
-// changed (else the latest record as it is).
-Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out = nullptr);
+// node's peak rises above its start as much as it did in any of them; and, from the first
+// backward node on, what another record of the same sizes kept across the gap before it beyond
+// it, less what the latest allocated beyond it at each AccumulateGrad node since (the larger of
+// the two counts at each node). `*out` (may be null) says how much was added and from which
+// record. Only when some record allocated or kept more is anything changed (else the latest
+// record as it is). `began_without` (per record, may be null): which steps began without
+// gradients; only a record that began as the latest did lends what it kept (the run's first step
+// holds its gradients through its backward for having none at its start, not for keeping them:
+// a step that begins so has a plan of its own, agent.h plan_without_gradients).
+Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out = nullptr,
+                             const std::vector<char>* began_without = nullptr);
 
 }  // namespace memplan

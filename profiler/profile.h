@@ -31,6 +31,8 @@ struct TensorRef {
   int64_t value = -1;               // index into Profile::values, -1 if not tracked (undefined tensor)
   std::vector<int64_t> shape;
   std::string dtype;                // c10 name: "Float", "Long", ...
+  int64_t from = -1;                // forward op inputs: the earlier op that output this very tensor
+                                    // (its value's maker, a view op, an in-place op); -1 if none did
 };
 
 // One top-level forward op (what the user dispatched with autograd) or one backward node.

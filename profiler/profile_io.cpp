@@ -49,7 +49,9 @@ int64_t Profile::saved_for_backward_bytes() const {
 namespace {
 
 json tensor_to_json(const TensorRef& t) {
-  return json{{"value", t.value}, {"shape", t.shape}, {"dtype", t.dtype}};
+  json j{{"value", t.value}, {"shape", t.shape}, {"dtype", t.dtype}};
+  if (t.from >= 0) j["from"] = t.from;
+  return j;
 }
 
 json op_to_json(const Op& op) {
@@ -83,6 +85,7 @@ void tensor_from_json(const json& j, TensorRef* t) {
   t->value = j.at("value").get<int64_t>();
   t->shape = j.at("shape").get<std::vector<int64_t>>();
   t->dtype = j.at("dtype").get<std::string>();
+  t->from = j.value("from", int64_t{-1});
 }
 
 void op_from_json(const json& j, Op* op) {
@@ -177,6 +180,12 @@ bool validate_profile(const Profile& p, std::string* error) {
   const size_t nv = p.values.size();
   for (size_t i = 0; i < p.forward.size(); ++i) {
     if (!check_op(p.forward[i], fmt::format("forward op {}", i), nv, error)) return false;
+    for (const TensorRef& t : p.forward[i].inputs) {
+      if (t.from < -1 || t.from >= static_cast<int64_t>(i)) {
+        *error = fmt::format("forward op {}: an input from op {}, which is no earlier op", i, t.from);
+        return false;
+      }
+    }
   }
   for (size_t i = 0; i < p.backward.size(); ++i) {
     const Op& op = p.backward[i];

@@ -42,6 +42,7 @@ void Recorder::begin_step(int64_t step_index) {
   input_versions_.clear();
   slots_.clear();
   index_.clear();
+  exposed_.clear();
   current_op_ = -1;
   current_node_ = -1;
   overhead_ns_ = 0;
@@ -247,6 +248,14 @@ void Recorder::op_start(const at::RecordFunction& fn) {
   for (const c10::IValue& iv : fn.inputs()) {
     const size_t first = op.inputs.size();
     add_tensor_refs(iv, &op.inputs, -1);
+    if (!exposed_.empty()) {  // which op output each of these very tensors
+      size_t k = first;
+      for_each_tensor(iv, [&](const at::Tensor& t) {
+        auto e = exposed_.find(t.unsafeGetTensorImpl());
+        if (e != exposed_.end() && op.inputs[k].value >= 0) op.inputs[k].from = e->second.op;
+        ++k;
+      });
+    }
     if (arg < writes.size() && writes[arg]) {
       for (size_t k = first; k < op.inputs.size(); ++k) {
         if (op.inputs[k].value >= 0) push_unique(&op.writes, op.inputs[k].value);
@@ -287,7 +296,15 @@ void Recorder::op_end(const at::RecordFunction& fn) {
   op.time_us = op.cpu_us = end - op.start_us;
   op.live_after = memory_->live();
   op.peak = std::max({memory_->window_peak(), op.live_before, op.live_after});
-  for (const c10::IValue& iv : fn.outputs()) add_tensor_refs(iv, &op.outputs, idx);
+  for (const c10::IValue& iv : fn.outputs()) {
+    add_tensor_refs(iv, &op.outputs, idx);
+    for_each_tensor(iv, [&](const at::Tensor& t) {
+      if (t.defined()) {
+        exposed_.insert_or_assign(t.unsafeGetTensorImpl(),
+                                  Exposure{idx, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr())});
+      }
+    });
+  }
   seq_end_[idx] = at::sequence_number::peek();
   current_op_ = -1;
   // An op that returns no tensor and made no autograd node (aten::item of the previous step's
@@ -490,6 +507,7 @@ Profile Recorder::end_step() {
   pack_counts_.clear();
   slots_.clear();
   index_.clear();
+  exposed_.clear();
   Profile out = std::move(profile_);
   profile_ = Profile();
   return out;

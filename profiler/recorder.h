@@ -137,6 +137,13 @@ class Recorder {
   std::vector<int64_t> seq_end_;
   std::vector<ValueSlot> slots_;
   std::unordered_map<const c10::StorageImpl*, int64_t> index_;
+  // Per tensor a recorded op output this step: the last such op (TensorRef::from). The weak
+  // reference keeps the address from going to another tensor while the step records.
+  struct Exposure {
+    int64_t op;
+    c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+  };
+  std::unordered_map<const c10::TensorImpl*, Exposure> exposed_;
   std::unordered_map<const char*, RandomRule> random_by_name_;  // schema inspection cached per op name
   WritesByName writes_;  // which arguments an op may write (Op::writes)
   RngWatch rng_;

@@ -114,4 +114,60 @@ TEST(KindProfile, AnAccumulateGradNodeRisesAsHighAsInAnyRecord) {
 }
 
 }  // namespace
+// A micro-step on a 1100-byte baseline (a 100-byte gradient exists) whose forward adds 500.
+// `zeroed`: the script sets the gradient to None between forward and backward (freed in the gap)
+// and AccumulateGrad keeps the incoming one; else it adds into it and frees the incoming one.
+Profile late(int64_t step, bool zeroed) {
+  Profile p;
+  p.step = step;
+  p.signature = p.structure_signature = 7;
+  p.op_hash = "same sizes";
+  p.baseline_bytes = 1100;
+  Op f;
+  f.name = "aten::linear";
+  f.live_before = 1100;
+  f.live_after = f.peak = 1600;
+  p.forward = {f};
+  const int64_t b = zeroed ? 1500 : 1600;
+  const int64_t acc = zeroed ? b - 300 : b - 400;
+  p.backward = {node("AddmmBackward0", b, b - 300, b + 100), node(kAcc, b - 300, acc, b - 300),
+                node("TBackward0", acc, acc, acc)};
+  p.peak_bytes = 1700;
+  p.end_bytes = acc;
+  return p;
+}
+
+TEST(KindProfile, GradientsAnotherRecordKeptThroughItsBackwardAreCountedUntilMadeAgain) {
+  const std::vector<Profile> r = {late(1, false), late(2, true)};
+  FreshGradients fresh;
+  const Profile p = with_fresh_gradients(r, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 0);
+  EXPECT_EQ(fresh.kept, 100);
+  EXPECT_EQ(fresh.kept_from, 1);
+  const Profile& kept = r[0];
+  // Through the backward, the record that kept its gradient; the forward as it was.
+  for (size_t j = 0; j < p.backward.size(); ++j) {
+    EXPECT_EQ(p.backward[j].live_before, kept.backward[j].live_before) << j;
+    EXPECT_EQ(p.backward[j].live_after, kept.backward[j].live_after) << j;
+    EXPECT_EQ(p.backward[j].peak, kept.backward[j].peak) << j;
+  }
+  EXPECT_EQ(p.forward[0].live_after, r[1].forward[0].live_after);
+  EXPECT_EQ(p.end_bytes, kept.end_bytes);
+  // The other way round, or other sizes: nothing kept beyond the latest.
+  const Profile q = with_fresh_gradients({late(1, true), late(2, false)}, 1, &fresh);
+  EXPECT_EQ(fresh.kept, 0);
+  EXPECT_EQ(q.backward[0].live_before, late(2, false).backward[0].live_before);
+  std::vector<Profile> sizes = r;
+  sizes[0].op_hash = "other sizes";
+  with_fresh_gradients(sizes, 1, &fresh);
+  EXPECT_EQ(fresh.kept, 0);
+  // A record that began without gradients (the run's first step) lends nothing it kept.
+  const std::vector<char> began_without = {1, 0};
+  with_fresh_gradients(r, 1, &fresh, &began_without);
+  EXPECT_EQ(fresh.kept, 0);
+  const std::vector<char> alike = {0, 0};
+  with_fresh_gradients(r, 1, &fresh, &alike);
+  EXPECT_EQ(fresh.kept, 100);
+}
+
 }  // namespace memplan

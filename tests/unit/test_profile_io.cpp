@@ -53,7 +53,7 @@ Profile sample() {
   relu.name = "aten::relu";
   relu.overload = "default";
   relu.seq_nr = 8;
-  relu.inputs = {{1, {4, 50}, "Float"}};
+  relu.inputs = {{1, {4, 50}, "Float", 0}};  // the tensor op 0 output
   relu.outputs = {{2, {4, 50}, "Float"}};
   relu.time_us = 1;
   relu.live_before = 2200;
@@ -81,6 +81,7 @@ void expect_tensor_eq(const TensorRef& a, const TensorRef& b) {
   EXPECT_EQ(a.value, b.value);
   EXPECT_EQ(a.shape, b.shape);
   EXPECT_EQ(a.dtype, b.dtype);
+  EXPECT_EQ(a.from, b.from);
 }
 
 void expect_op_eq(const Op& a, const Op& b) {
@@ -249,6 +250,7 @@ TEST(ProfileIO, RejectsOtherInconsistencies) {
   expect_rejected(mutate([](auto& j) { j["backward"][0]["fwd_op"] = 5; }), "forward op 5");
   expect_rejected(mutate([](auto& j) { j["forward"][0]["packs"] = {0, 42}; }), "packs value 42");
   expect_rejected(mutate([](auto& j) { j["forward"][1]["writes"] = {2}; }), "writes value 2, which is none of its inputs");
+  expect_rejected(mutate([](auto& j) { j["forward"][1]["inputs"][0]["from"] = 1; }), "from op 1, which is no earlier op");
   expect_rejected(mutate([](auto& j) { j["values"][1]["unpacked_by"] = {4}; }), "unpacked by 4");
   expect_rejected(mutate([](auto& j) { j["peak_bytes"] = 10; }), "below baseline_bytes");
   expect_rejected(mutate([](auto& j) { j["forward"][0]["time_us"] = "slow"; }), "forward op 0");
