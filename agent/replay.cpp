@@ -831,6 +831,12 @@ void Replayer::compact_after(int64_t op) {
 
 // Whether output `index` of `op` can be had without re-running it (alive, or its storage alive
 // and unchanged).
+at::Tensor Replayer::Slot::view(c10::Storage storage, int64_t at_offset) const {
+  at::Tensor t = at::empty({0}, options);
+  t.set_(std::move(storage), at_offset, sizes, strides);
+  return t;
+}
+
 bool Replayer::slot_available(int64_t op, int64_t index) const {
   const Slot& s = slots_[op][index];
   if (auto impl = s.impl.lock()) return impl->version_counter().current_version() == s.version;
@@ -869,10 +875,7 @@ at::Tensor Replayer::held_view(int64_t op, int64_t index, bool make) const {
     }
     if (offset < 0 || (last + 1) * static_cast<int64_t>(t.element_size()) > static_cast<int64_t>(t.storage().nbytes()))
       return at::Tensor();
-    if (!make) return t;
-    at::Tensor out = at::empty({0}, s.options);
-    out.set_(t.storage(), offset, s.sizes, s.strides);
-    return out;
+    return make ? s.view(t.storage(), offset) : t;
   };
   if (auto h = holds_.find(v); h != holds_.end() && h->second.op >= 0) {
     if (at::Tensor t = view_of(h->second.tensor, h->second.op, h->second.index, nullptr); t.defined()) return t;
@@ -943,9 +946,7 @@ at::Tensor Replayer::slot_tensor(int64_t op, int64_t index, Memo& memo, int dept
     // The output tensor is gone but its storage is alive (a saved alias, a view) and unchanged:
     // view it again instead of re-running the op.
     if (s.counter.enabled() && s.counter.current_version() == s.version) {
-      at::Tensor t = at::empty({0}, s.options);
-      t.set_(c10::Storage(std::move(storage)), s.offset, s.sizes, s.strides);
-      return t;
+      return s.view(c10::Storage(std::move(storage)), s.offset);
     }
   }
   if (at::Tensor t = held_view(op, index, /*make=*/true); t.defined()) return t;

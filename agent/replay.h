@@ -165,6 +165,8 @@ class Replayer {
     std::vector<int64_t> sizes, strides;
     int64_t offset = 0;
     at::TensorOptions options;
+    // The output as a view of `storage` (its own, or one made again like it) at `at_offset`, no copy.
+    at::Tensor view(c10::Storage storage, int64_t at_offset) const;
   };
   struct Pending {
     std::shared_ptr<SavedState> state;

@@ -23,12 +23,9 @@ BlockProblem make_block_problem(const Graph& g, const Block& b, int64_t out_sepa
     bp.out_bytes.push_back(g.out_bytes[i]);
     bp.fwd_time += p.forward[i].time_us;
     for (const Dep& d : g.deps[i]) {
-      if (d.src < b.first) {
-        // Block input, persistent, or earlier: available, unless written in place since (then
-        // only ops before the block could remake it: not re-run within this block).
-        if (d.src >= 0 && d.stale) bp.rerunnable[o] = 0;
-        continue;
-      }
+      // Block input, persistent, or earlier: available (never stale: make_blocks keeps a read
+      // of what a later write replaced in one block with its maker).
+      if (d.src < b.first) continue;
       const int s = static_cast<int>(d.src - b.first);
       if (d.src != g.producer(d.value) || d.stale) {
         // a view/in-place op re-exposed it, or a write replaced it: rerun that op too

@@ -91,13 +91,7 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     ch.opts.resize(L);
     ch.rerun.assign(L, 1);
     for (size_t i = 0; i < L; ++i) {
-      for (int64_t o = blocks_[i].first; o <= blocks_[i].last; ++o) {
-        ch.rerun[i] = ch.rerun[i] && g.rerunnable[o];
-        // An op reading what a write replaced, made before the block: the block's own re-run
-        // cannot remake it.
-        for (const Dep& d : g.deps[o])
-          if (d.stale && d.src < blocks_[i].first) ch.rerun[i] = 0;
-      }
+      for (int64_t o = blocks_[i].first; o <= blocks_[i].last; ++o) ch.rerun[i] = ch.rerun[i] && g.rerunnable[o];
       const BlockMenu& mu = menus_[blocks_[i].shape_id];
       ch.ff.push_back(mu.ff_time);
       ch.off.push_back(units(mu.ff_overhead));
