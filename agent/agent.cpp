@@ -532,7 +532,21 @@ namespace {
 thread_local int tl_foreign_backward = 0;  // backward calls of another thread, nested
 }
 
-void Agent::backward_begin() {
+// A backward that keeps its graph for another (a gradient penalty's create_graph, two losses
+// backward through one graph): each backward ends a step (what a step is), and the saved tensors
+// its nodes read stay in the graph, rebuilt ones too, until the graph is freed. So the step up
+// to it can evict only until its recomputes, and the step after it reads them where they are:
+// little to plan (the warnings then say so, per step), all results as they were. One message
+// tells why.
+void Agent::said_graph_kept() {
+  log_once("graph-kept", LogLevel::Info,
+           "a backward keeps its graph for another one (retain_graph or create_graph): memplan plans each "
+           "backward as a step of its own, and the saved tensors the first one reads stay in the graph for "
+           "the next, rebuilt ones too, so these steps can be lowered little or not at all; results are "
+           "unchanged");
+}
+
+void Agent::backward_begin(bool keeps_graph) {
   if (inert_) return;
   if (!on_owner_thread()) {
     ++tl_foreign_backward;  // another thread's backward is no step boundary of ours
@@ -551,6 +565,7 @@ void Agent::backward_begin() {
     ++backward_depth_;
     return;
   }
+  if (keeps_graph && phase_ != Phase::Done) said_graph_kept();
   ++backward_depth_;
   node_thread_.store(0, std::memory_order_relaxed);  // no node of this backward has run yet
   restore_pack_hooks();  // a backward inside a forward op (a Python-kernel custom op)

@@ -53,8 +53,9 @@ class Agent final : public OpSink {
   bool claim_thread();
   // The calling thread is the training thread (the shim pushes our hooks on it at boot).
   bool owns_thread() const { return on_owner_thread(); }
-  // Step boundaries (wrapped torch.autograd.backward / grad).
-  void backward_begin();
+  // Step boundaries (wrapped torch.autograd.backward / grad). `keeps_graph`: the call retains
+  // its graph for another backward (retain_graph, or create_graph by default).
+  void backward_begin(bool keeps_graph = false);
   // False once the agent needs the saved-tensor hooks no more (the shim then removes them).
   bool backward_end();
   // Around torch.optim's optimizer steps (global step pre/post hooks): no op of an optimizer step
@@ -128,6 +129,7 @@ class Agent final : public OpSink {
   void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited = nullptr, const FreshGradients& fresh = {});
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);
+  void said_graph_kept();
   void credit_at_begin();
   bool lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param) const;
   int plan_without_gradients(size_t index);

@@ -8,6 +8,7 @@
 #include "agent/log.h"
 #include "agent/options.h"
 #include "profiler/bytes.h"
+#include "profiler/kind_profile.h"
 
 namespace memplan {
 
@@ -84,7 +85,9 @@ bool Agent::lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param
 // The plan for the steps of plans_[index]'s kind that begin without gradients: made the first
 // time one does (planning then, once, at that step's first op), from the latest record of the
 // kind that began so (the run's first step, often: one-time allocations in it make the plan
-// err on the safe side). Negative when the kind has no such record (the step runs the kind's plan).
+// err on the safe side); with none, from the kind's latest record with the gradients its backward
+// added into kept (with_gradients_kept). Negative when that adds nothing (the step runs the kind's
+// plan).
 int Agent::plan_without_gradients(size_t index) {
   PlanRecord& rec = plans_[index];
   if (rec.without_grads != -1) return rec.without_grads;
@@ -97,6 +100,26 @@ int Agent::plan_without_gradients(size_t index) {
     PlanRecord variant = make_plan(profiles_[i], "-without-gradients");
     variant.variant_of = static_cast<int>(index);
     variant.info.source += ", for steps that begin without gradients";
+    plans_.push_back(std::move(variant));  // (rec is invalid from here)
+    const int at = static_cast<int>(plans_.size()) - 1;
+    plans_[index].without_grads = at;
+    return at;
+  }
+  // No step of the kind began so (re-profiled in a later micro-step after a divergence, one
+  // warm-up step): its latest record as such a step runs it, each gradient its backward freed
+  // kept (kind_profile.h).
+  for (size_t i = profiles_.size(); i-- > 0;) {
+    if (profiles_[i].signature != rec.kind) continue;
+    int64_t kept = 0;
+    Profile p = with_gradients_kept(profiles_[i], &kept);
+    if (kept == 0) return -1;
+    info("step {} begins without gradients, unlike step {} that its kind's plan was made from, and no recorded "
+         "step of its kind began so: the kind's steps that do replay a plan made from step {} with the {} of "
+         "gradients its backward added into kept, as a step that begins without them keeps them",
+         steps_, rec.record_step, profiles_[i].step, format_bytes(kept));
+    PlanRecord variant = make_plan(p, "-gradients-kept");
+    variant.variant_of = static_cast<int>(index);
+    variant.info.source += ", for steps that begin without gradients (its gradients kept)";
     plans_.push_back(std::move(variant));  // (rec is invalid from here)
     const int at = static_cast<int>(plans_.size()) - 1;
     plans_[index].without_grads = at;

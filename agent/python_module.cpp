@@ -67,7 +67,7 @@ PYBIND11_MODULE(_memplan, m) {
   m.def("hooks_pushed", [] { Agent::get().hooks_pushed(); });
   m.def("claim_thread", [] { return Agent::get().claim_thread(); });
   m.def("owns_thread", [] { return Agent::get().owns_thread(); });
-  m.def("backward_begin", [] { Agent::get().backward_begin(); });
+  m.def("backward_begin", [](bool keeps_graph) { Agent::get().backward_begin(keeps_graph); });
   m.def("backward_end", [] { return Agent::get().backward_end(); });
   m.def("optimizer_step_begin", [](bool differentiable) { Agent::get().optimizer_step_begin(differentiable); });
   m.def("optimizer_step_end", [] { Agent::get().optimizer_step_end(); });

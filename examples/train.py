@@ -127,6 +127,14 @@ def parse():
     p.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
     p.add_argument("--custom-gelu", action="store_true",
                    help="GPT-2: GELU as the script's own torch.autograd.Function (an op memplan cannot re-run)")
+    p.add_argument("--clip-grad", action="store_true",
+                   help="torch.nn.utils.clip_grad_norm_ between the backward and the optimizer step")
+    p.add_argument("--backward-twice", action="store_true",
+                   help="loss.backward(retain_graph=True), then a second backward of the same graph")
+    p.add_argument("--autograd-grad", action="store_true",
+                   help="gradients by torch.autograd.grad, set into .grad by the script")
+    p.add_argument("--grad-penalty", action="store_true",
+                   help="loss plus the squared norm of its gradient wrt the model's output (create_graph)")
     return p.parse_args()
 
 
@@ -205,6 +213,28 @@ class BackwardOnAnotherThread(torch.autograd.Function):
         t.start()
         t.join()
         return grad, None
+
+
+def backward(args, model, out, loss):
+    """The step's backward, as the flags ask."""
+    if args.grad_penalty:
+        # A gradient penalty (WGAN-GP style): the gradient wrt the output, made with a graph of its
+        # own, enters the loss; its backward runs the forward's saved tensors twice (double backward).
+        first = out[0] if isinstance(out, tuple) else out
+        (g,) = torch.autograd.grad(loss, first, create_graph=True)
+        loss = loss + 1e-3 * g.pow(2).sum()
+    if args.backward_twice:
+        # Two passes through one graph: every saved tensor is read twice, the gradients add up.
+        loss.backward(retain_graph=True)
+        (loss * 0.5).backward()
+    elif args.autograd_grad:
+        params = [p for p in model.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        for p, g in zip(params, grads):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
+    else:
+        loss.backward()
 
 
 def start_side_thread():
@@ -400,7 +430,7 @@ def main():
             try:
                 with (torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
                       if args.backward_in_user_hooks else contextlib.nullcontext()):
-                    loss.backward()
+                    backward(args, model, out, loss)
             except RuntimeError as e:
                 if "backward refused" not in str(e):
                     raise
@@ -430,6 +460,8 @@ def main():
             # and holds the optimizer step, whose first call makes Adam's state. (Grad copies
             # would not: they read nothing that requires grad.)
             logged.append([p.detach().clone() for p in model.parameters()])
+        if args.clip_grad:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         try:
             if not args.optimizer_in_backward:
                 opt.step()

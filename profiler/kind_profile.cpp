@@ -86,4 +86,21 @@ Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest
   return p;
 }
 
+Profile with_gradients_kept(const Profile& recorded, int64_t* added) {
+  Profile p = recorded;
+  int64_t kept = 0;  // freed by the AccumulateGrad nodes so far
+  for (Op& n : p.backward) {
+    const int64_t freed = n.name == kAccumulateGrad ? std::max<int64_t>(0, -allocated(n)) : 0;
+    n.live_before += kept;
+    n.peak += kept;
+    kept += freed;
+    n.live_after += kept;
+    n.peak = std::max(n.peak, n.live_after);
+    p.peak_bytes = std::max(p.peak_bytes, n.peak);
+  }
+  p.end_bytes += kept;
+  if (added) *added = kept;
+  return p;
+}
+
 }  // namespace memplan

@@ -46,4 +46,13 @@ struct FreshGradients {
 Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out = nullptr,
                              const std::vector<char>* began_without = nullptr);
 
+// `p`, the record of a step that began with gradients and added into them, as the same ops run
+// by a step that begins without them: each AccumulateGrad node keeps the incoming gradient it
+// freed (it becomes the parameter's .grad; AccumulateGrad steals it when nothing else holds it),
+// so every later live and peak count rises by what the nodes so far freed. For a kind with no
+// record of a step that began so (re-profiled after a divergence in a later micro-step, with
+// MEMPLAN_WARMUP=1: its first micro-steps passed their prediction by the gradients, GPT-2 at 26%
+// +12.3%; tools/soak.py). `*added` (may be null): the bytes kept by the end (0: `p` as it is).
+Profile with_gradients_kept(const Profile& p, int64_t* added = nullptr);
+
 }  // namespace memplan

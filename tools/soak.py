@@ -26,6 +26,8 @@ import models  # noqa: E402
 # another process (torchrun), raise an error the script does not catch (--inplace-error), or
 # turn determinism off are left out; those whose error the script catches and goes on from
 # (--backward-raises-at, --optimizer-raises-at) are in.
+# Ways to take the gradients, for every model.
+GRADS = ["--clip-grad", "--autograd-grad", "--backward-twice", "--grad-penalty"]
 GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-depth", "--noisy-op",
         "--accum 2", "--eval-every 3", "--seq-change-at 5", "--masked-loss", "--pos-first",
         "--index-copy", "--shift-buffer late", "--shift-buffer early", "--shift-buffer backward",
@@ -33,18 +35,18 @@ GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-d
         "--log-params-before-step", "--seq-cycle 64,48", "--depth-random", "--small",
         "--torch-profiler", "--backward-in-user-hooks", "--log-grads", "--shift-buffer data",
         "--seq-random 64,48,32", "--workers 2", "--backward-raises-at 4", "--optimizer-raises-at 5",
-        "--side-thread", "--log-grads-until 4", "--zero-grad-late"]
+        "--side-thread", "--log-grads-until 4", "--zero-grad-late"] + GRADS
 FLAGS = {
     "gpt2": GPT2,
     "cnn": ["--hardswish", "--accum 2", "--eval-every 2", "--small", "--optimizer-in-backward",
-            "--log-grads", "--backward-raises-at 4", "--log-grads-until 4", "--zero-grad-late"],
+            "--log-grads", "--backward-raises-at 4", "--log-grads-until 4", "--zero-grad-late"] + GRADS,
     "mlp": ["--shared-layer", "--detached-side", "--small", "--drop-rows", "--release-params",
-            "--accum 3", "--optimizer-in-backward", "--zero-grad-late"],
-    "views": ["--accum 2", "--eval-every 2"],
-    "tied": ["--accum 2", "--eval-every 3", "--func"],
-    "lstm": ["--accum 2", "--eval-every 2"],
+            "--accum 3", "--optimizer-in-backward", "--zero-grad-late"] + GRADS,
+    "views": ["--accum 2", "--eval-every 2"] + GRADS,
+    "tied": ["--accum 2", "--eval-every 3", "--func"] + GRADS,
+    "lstm": ["--accum 2", "--eval-every 2"] + GRADS,
     "tv": ["--accum 2", "--eval-every 2", "--log-grads", "--optimizer-in-backward", "--backward-raises-at 4",
-           "--log-grads-until 4", "--zero-grad-late"],
+           "--log-grads-until 4", "--zero-grad-late"] + GRADS,
 }
 # gpt2 is the product's case: drawn as often as the rest together. tv: one of torchvision's own
 # models (examples/models.py TORCHVISION), when torchvision is installed.

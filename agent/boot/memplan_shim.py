@@ -6,6 +6,7 @@ code that refuses saved-tensor hooks (torch.func transforms)."""
 import atexit
 import contextlib
 import functools
+import inspect
 import os
 
 
@@ -22,10 +23,12 @@ def install(torch, agent):
         return top is not None and top[0] is pack
 
     def _boundary(fn):
+        signature = inspect.signature(fn)
+
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
             claimed = agent.claim_thread()
-            agent.backward_begin()
+            agent.backward_begin(_keeps_graph(signature, args, kwargs))
             # Our hooks step aside while backward runs: the engine copies the thread's hooks stack
             # into every node it runs, and each copy of a Python hook takes the GIL, which backward
             # released (4 round trips per node). What backward itself saves is not the agent's
@@ -45,6 +48,16 @@ def install(torch, agent):
                     _drop_hooks()
 
         return wrapped
+
+    def _keeps_graph(signature, args, kwargs):
+        # retain_graph, which defaults to create_graph (both functions' rule). A call that does not
+        # bind is left to raise its own TypeError in fn.
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return False
+        retain = bound.get("retain_graph")
+        return bool(bound.get("create_graph", False) if retain is None else retain)
 
     optimizer_hooks = []
 

@@ -170,4 +170,41 @@ TEST(KindProfile, GradientsAnotherRecordKeptThroughItsBackwardAreCountedUntilMad
   EXPECT_EQ(fresh.kept, 100);
 }
 
+// A later micro-step's record, as a first micro-step runs the same ops: on its own baseline,
+// every count is the first micro-step's, from the AccumulateGrad node on.
+TEST(KindProfile, ALaterMicroStepWithItsGradientsKeptIsTheFirstMicroStep) {
+  const Profile later = micro(1, false), first = micro(0, true);
+  int64_t added = -1;
+  const Profile p = with_gradients_kept(later, &added);
+  EXPECT_EQ(added, 100);
+  auto on_base = [](const Profile& q, int64_t bytes) { return bytes - q.baseline_bytes; };
+  for (size_t j = 0; j < p.backward.size(); ++j) {
+    EXPECT_EQ(on_base(p, p.backward[j].live_before), on_base(first, first.backward[j].live_before)) << j;
+    EXPECT_EQ(on_base(p, p.backward[j].live_after), on_base(first, first.backward[j].live_after)) << j;
+    EXPECT_EQ(on_base(p, p.backward[j].peak), on_base(first, first.backward[j].peak)) << j;
+  }
+  EXPECT_EQ(on_base(p, p.peak_bytes), on_base(first, first.peak_bytes));
+  EXPECT_EQ(on_base(p, p.end_bytes), on_base(first, first.end_bytes));
+  EXPECT_EQ(p.forward[0].live_after, later.forward[0].live_after);
+  // Two parameters: each node keeps its own gradient, added up from there on.
+  Profile two = later;
+  two.backward.push_back(node(kAcc, two.backward[2].live_after, two.backward[2].live_after - 50,
+                              two.backward[2].live_after));
+  two.backward.push_back(node("TBackward0", two.backward[3].live_after, two.backward[3].live_after,
+                              two.backward[3].live_after));
+  two.end_bytes = two.backward.back().live_after;
+  const Profile k = with_gradients_kept(two, &added);
+  EXPECT_EQ(added, 150);
+  EXPECT_EQ(k.backward[2].live_after, two.backward[2].live_after + 100);
+  EXPECT_EQ(k.backward[3].live_before, two.backward[3].live_before + 100);
+  EXPECT_EQ(k.backward[3].live_after, two.backward[3].live_after + 150);
+  EXPECT_EQ(k.backward[4].peak, two.backward[4].peak + 150);
+  EXPECT_EQ(k.end_bytes, two.end_bytes + 150);
+  // A first micro-step's record frees nothing there: as it is.
+  const Profile q = with_gradients_kept(first, &added);
+  EXPECT_EQ(added, 0);
+  EXPECT_EQ(q.peak_bytes, first.peak_bytes);
+  EXPECT_EQ(q.backward[2].live_after, first.backward[2].live_after);
+}
+
 }  // namespace memplan
