@@ -127,6 +127,8 @@ def parse():
     p.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
     p.add_argument("--custom-gelu", action="store_true",
                    help="GPT-2: GELU as the script's own torch.autograd.Function (an op memplan cannot re-run)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="CNNs: model and images in channels-last memory format")
     p.add_argument("--clip-grad", action="store_true",
                    help="torch.nn.utils.clip_grad_norm_ between the backward and the optimizer step")
     p.add_argument("--backward-twice", action="store_true",
@@ -313,6 +315,8 @@ def main():
                          detached_side=args.detached_side, custom_gelu=args.custom_gelu,
                          width=args.width, layers=args.layers, seq=args.seq,
                          index_copy=args.index_copy).to(args.device)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     if args.distributed and args.fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -382,6 +386,8 @@ def main():
                 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof.__enter__()
             x, y = x.to(args.device), y.to(args.device)
+            if args.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
             if args.masked_loss:
                 g = torch.Generator().manual_seed(7_000 + step * args.accum + micro)
                 keep = (torch.rand(y.shape, generator=g) < 0.15).to(args.device)

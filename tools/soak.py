@@ -39,14 +39,15 @@ GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-d
 FLAGS = {
     "gpt2": GPT2,
     "cnn": ["--hardswish", "--accum 2", "--eval-every 2", "--small", "--optimizer-in-backward",
-            "--log-grads", "--backward-raises-at 4", "--log-grads-until 4", "--zero-grad-late"] + GRADS,
+            "--log-grads", "--backward-raises-at 4", "--log-grads-until 4", "--zero-grad-late",
+            "--channels-last"] + GRADS,
     "mlp": ["--shared-layer", "--detached-side", "--small", "--drop-rows", "--release-params",
             "--accum 3", "--optimizer-in-backward", "--zero-grad-late"] + GRADS,
     "views": ["--accum 2", "--eval-every 2"] + GRADS,
     "tied": ["--accum 2", "--eval-every 3", "--func"] + GRADS,
     "lstm": ["--accum 2", "--eval-every 2"] + GRADS,
     "tv": ["--accum 2", "--eval-every 2", "--log-grads", "--optimizer-in-backward", "--backward-raises-at 4",
-           "--log-grads-until 4", "--zero-grad-late"] + GRADS,
+           "--log-grads-until 4", "--zero-grad-late", "--channels-last"] + GRADS,
 }
 # gpt2 is the product's case: drawn as often as the rest together. tv: one of torchvision's own
 # models (examples/models.py TORCHVISION), when torchvision is installed.

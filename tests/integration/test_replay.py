@@ -240,6 +240,14 @@ def test_gradients_clipped_or_taken_by_autograd_grad_replay_as_planned(runner, p
     assert_peaks_as_predicted(report)
 
 
+# Channels-last convolutions: each re-run gets its inputs in the layout the forward gave them,
+# so it makes its output in the same layout, and the same bits.
+def test_a_channels_last_cnn_replays_as_planned(runner, plain_runs):
+    p, report = identical_replay(runner, plain_runs, "cnn", "50%", ["--channels-last"])
+    assert report["replay"] and report["replay"][0]["evicted"] > 0
+    assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])  # below its minimum
+
+
 # A backward that keeps its graph for another: two backwards through one graph (every saved
 # tensor read twice, rebuilt ones too), or a gradient penalty (torch.autograd.grad with
 # create_graph, then a backward through the forward and the penalty: a double backward). Each
