@@ -566,6 +566,7 @@ void Agent::backward_begin(bool keeps_graph) {
     return;
   }
   if (keeps_graph && phase_ != Phase::Done) said_graph_kept();
+  graph_kept_ = keeps_graph;
   ++backward_depth_;
   node_thread_.store(0, std::memory_order_relaxed);  // no node of this backward has run yet
   restore_pack_hooks();  // a backward inside a forward op (a Python-kernel custom op)
@@ -625,6 +626,7 @@ bool Agent::backward_end() {
     }
     p.rank = env_rank();
     p.device = step_device_;
+    p.graph_kept = graph_kept_;
     if (p.device == "cpu") p.rng_state_bytes = cpu_rng_state_bytes();
     end_step(std::move(p));
   }

@@ -207,6 +207,7 @@ class Agent final : public OpSink {
   // A parameter the steps recorded whole save for backward (watch_param; PlanRecord::param).
   c10::weak_intrusive_ptr<c10::TensorImpl> step_param_{c10::intrusive_ptr<c10::TensorImpl>()};
   bool step_began_without_ = false;     // the running step began with no gradients
+  bool graph_kept_ = false;             // the running step's backward keeps its graph
   std::vector<char> began_without_;     // the same, per record in profiles_
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;

@@ -200,7 +200,8 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
     if (G.persistent[v] || val.held_outside) {
       G.natural_end[v] = G.end_pos();
     } else if (!val.saved_by.empty()) {
-      G.natural_end[v] = val.unpacked_by.empty() ? G.end_pos() : nf + G.last_unpack[v];
+      // A kept graph keeps them past it, to the step's end (a compact mask stays compact there).
+      G.natural_end[v] = val.unpacked_by.empty() || p.graph_kept ? G.end_pos() : nf + G.last_unpack[v];
     } else {
       G.natural_end[v] = G.last_fwd_use[v];
     }

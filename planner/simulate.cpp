@@ -124,7 +124,10 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
         return fail(r, fmt::format("recompute {}: keeps value {} that its ops do not create", a, v));
       Copy c{N + rc.before_bwd, -1};
       const Value& val = p.values[v];
-      if (!val.saved_by.empty() && g.last_unpack[v] >= rc.before_bwd) c.end = N + g.last_unpack[v];
+      // Autograd holds it to its last unpack; a kept graph, to the step's end.
+      if (!val.saved_by.empty() && g.last_unpack[v] >= rc.before_bwd) {
+        c.end = p.graph_kept ? g.natural_end[v] : N + g.last_unpack[v];
+      }
       int64_t rel = take_release(v, c.start);
       c.end = std::max(c.end, rel);
       if (c.end < 0)

@@ -115,6 +115,9 @@ struct Profile {
   // generator in torch 2.14) until the step ends. 0 where that memory is not the step's (a CUDA
   // step: its budget is device memory), and in older profiles (not counted).
   int64_t rng_state_bytes = 0;
+  // The step's backward kept its graph for another (retain_graph / create_graph): what autograd
+  // saved outlives the nodes that read it, to the step's end and beyond.
+  bool graph_kept = false;
   std::vector<Op> forward;
   std::vector<Op> backward;
   std::vector<Value> values;

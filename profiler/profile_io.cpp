@@ -153,7 +153,8 @@ std::string profile_to_json(const Profile& p, int indent) {
          {"rank", p.rank},              {"step", p.step},              {"op_hash", p.op_hash},
          {"baseline_bytes", p.baseline_bytes}, {"peak_bytes", p.peak_bytes},
          {"end_bytes", p.end_bytes},    {"forward_us", p.forward_us},  {"backward_us", p.backward_us},
-         {"overhead_us", p.overhead_us}, {"rng_state_bytes", p.rng_state_bytes}};
+         {"overhead_us", p.overhead_us}, {"rng_state_bytes", p.rng_state_bytes},
+         {"graph_kept", p.graph_kept}};
   j["forward"] = json::array();
   for (const auto& op : p.forward) j["forward"].push_back(op_to_json(op));
   j["backward"] = json::array();
@@ -277,6 +278,7 @@ bool profile_from_json(const std::string& text, Profile* out, std::string* error
     p.backward_us = j.value("backward_us", 0.0);
     p.overhead_us = j.value("overhead_us", 0.0);
     p.rng_state_bytes = j.value("rng_state_bytes", int64_t{0});
+    p.graph_kept = j.value("graph_kept", false);
     const auto& fwd = j.at("forward");
     for (size_t i = 0; i < fwd.size(); ++i) {
       where = fmt::format("forward op {}", i);

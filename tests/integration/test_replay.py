@@ -251,18 +251,22 @@ def test_a_channels_last_cnn_replays_as_planned(runner, plain_runs):
 # A backward that keeps its graph for another: two backwards through one graph (every saved
 # tensor read twice, rebuilt ones too), or a gradient penalty (torch.autograd.grad with
 # create_graph, then a backward through the forward and the penalty: a double backward). Each
-# backward is a step of its own, so little or nothing is planned; one message says why, and no
-# step passes its plan's prediction.
+# backward is a step of its own, so little or nothing is planned; one message says why. The
+# profile says the graph was kept, so the simulator keeps what autograd saved, compact masks
+# and rebuilt values too, to the step's end: every step within 1% of its plan's prediction
+# (--backward-twice measured 8.7% under it before).
 @pytest.mark.parametrize("extra", [["--backward-twice"], ["--grad-penalty"]])
 def test_a_backward_that_keeps_its_graph_changes_no_result_and_says_why_little_is_planned(
         runner, plain_runs, extra):
     p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
     assert p.stderr.count("keeps its graph for another one") == 1
     assert len(report["plans"]) == 2  # each backward ends a step: two kinds
+    if extra == ["--backward-twice"]:  # the forward and the first backward: its minimum plan
+        assert any(r["evicted"] > 0 for r in report["replay"])
     for r in report["replay"]:
         plan = report["plans"][r["plan"]]
         peaks = [a - b + plan["baseline_bytes"] for a, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
-        assert max(peaks) <= plan["predicted_peak_bytes"] * 1.01, (max(peaks), plan)
+        assert abs(max(peaks) / plan["predicted_peak_bytes"] - 1) <= 0.01, (max(peaks), plan)
 
 
 def test_gradient_accumulation_plans_for_the_micro_step_that_allocates_the_gradients(runner, plain_runs):

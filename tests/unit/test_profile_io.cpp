@@ -25,6 +25,7 @@ Profile sample() {
   p.backward_us = 30.25;
   p.overhead_us = 0.5;
   p.rng_state_bytes = 5056;
+  p.graph_kept = true;
 
   Value x{400, ValueKind::Input, -1, {0}, {}, {}, 0, true};
   Value h{800, ValueKind::Activation, 0, {1}, {0, 1}, {0}, 800, false};
@@ -118,6 +119,7 @@ void expect_profile_eq(const Profile& a, const Profile& b) {
   EXPECT_DOUBLE_EQ(a.backward_us, b.backward_us);
   EXPECT_DOUBLE_EQ(a.overhead_us, b.overhead_us);
   EXPECT_EQ(a.rng_state_bytes, b.rng_state_bytes);
+  EXPECT_EQ(a.graph_kept, b.graph_kept);
   ASSERT_EQ(a.forward.size(), b.forward.size());
   for (size_t i = 0; i < a.forward.size(); ++i) expect_op_eq(a.forward[i], b.forward[i]);
   ASSERT_EQ(a.backward.size(), b.backward.size());
