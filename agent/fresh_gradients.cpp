@@ -92,18 +92,22 @@ int Agent::plan_without_gradients(size_t index) {
   PlanRecord& rec = plans_[index];
   if (rec.without_grads != -1) return rec.without_grads;
   rec.without_grads = -2;
+  // The variant from `p`, its plan cache tag and what its source adds.
+  auto variant_from = [&](const Profile& p, const char* tag, const char* source) {
+    PlanRecord variant = make_plan(p, tag);
+    variant.variant_of = static_cast<int>(index);
+    variant.info.source += source;
+    plans_.push_back(std::move(variant));  // (rec is invalid from here)
+    const int at = static_cast<int>(plans_.size()) - 1;
+    plans_[index].without_grads = at;
+    return at;
+  };
   for (size_t i = profiles_.size(); i-- > 0;) {
     if (profiles_[i].signature != rec.kind || !began_without_[i]) continue;
     info("step {} begins without gradients, unlike step {} that its kind's plan was made from: the kind's steps "
          "that do replay a plan made from step {}, which began so too",
          steps_, rec.record_step, profiles_[i].step);
-    PlanRecord variant = make_plan(profiles_[i], "-without-gradients");
-    variant.variant_of = static_cast<int>(index);
-    variant.info.source += ", for steps that begin without gradients";
-    plans_.push_back(std::move(variant));  // (rec is invalid from here)
-    const int at = static_cast<int>(plans_.size()) - 1;
-    plans_[index].without_grads = at;
-    return at;
+    return variant_from(profiles_[i], "-without-gradients", ", for steps that begin without gradients");
   }
   // No step of the kind began so (re-profiled in a later micro-step after a divergence, one
   // warm-up step): its latest record as such a step runs it, each gradient its backward freed
@@ -111,19 +115,13 @@ int Agent::plan_without_gradients(size_t index) {
   for (size_t i = profiles_.size(); i-- > 0;) {
     if (profiles_[i].signature != rec.kind) continue;
     int64_t kept = 0;
-    Profile p = with_gradients_kept(profiles_[i], &kept);
+    const Profile p = with_gradients_kept(profiles_[i], &kept);
     if (kept == 0) return -1;
     info("step {} begins without gradients, unlike step {} that its kind's plan was made from, and no recorded "
          "step of its kind began so: the kind's steps that do replay a plan made from step {} with the {} of "
          "gradients its backward added into kept, as a step that begins without them keeps them",
          steps_, rec.record_step, profiles_[i].step, format_bytes(kept));
-    PlanRecord variant = make_plan(p, "-gradients-kept");
-    variant.variant_of = static_cast<int>(index);
-    variant.info.source += ", for steps that begin without gradients (its gradients kept)";
-    plans_.push_back(std::move(variant));  // (rec is invalid from here)
-    const int at = static_cast<int>(plans_.size()) - 1;
-    plans_[index].without_grads = at;
-    return at;
+    return variant_from(p, "-gradients-kept", ", for steps that begin without gradients (its gradients kept)");
   }
   return -1;
 }
