@@ -61,6 +61,11 @@ def draw(rng):
     flags = rng.sample(FLAGS[model], k=rng.randint(0, min(3, len(FLAGS[model]))))
     if model == "tv":
         model = rng.choice(TV_MODELS)
+    if model == "gpt2" and rng.random() < 0.3:
+        # Other shapes: the planner's blocks, options and the chain's length change with them.
+        # --seq only upward (the --seq-* flags draw lengths up to 64).
+        flags += [f"--width {rng.choice([64, 192, 256])}", f"--layers {rng.choice([2, 3, 6])}",
+                  f"--seq {rng.choice([64, 96, 128])}"]
     budget = rng.choice([f"{rng.randint(25, 110)}%", f"{rng.randint(25, 110)}%", "1%"])
     return {"model": model, "flags": flags, "budget": budget, "warmup": rng.randint(1, 3),
             "steps": rng.randint(7, 10), "batch": rng.choice([4, 8])}
