@@ -2,7 +2,6 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
-#include <ATen/TensorGeometry.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/mul.h>
 
@@ -132,11 +131,18 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   return at::equal(a.view(it), b.view(it));
 }
 
+bool tail_fits(const at::Tensor& input, const CompactMask& mask) {
+  return input.defined() && mask.mask.defined() && input.is_non_overlapping_and_dense() &&
+         input.sizes().equals(mask.sizes) && input.strides().equals(mask.strides) &&
+         input.scalar_type() == mask.dtype;
+}
+
 bool tail_matches(const at::Tensor& input, const CompactMask& mask, const at::Tensor& out) {
-  if (!input.defined() || !out.defined() || !mask.mask.defined() || !input.is_contiguous() ||
-      !out.is_contiguous() || !at::geometry_is_contiguous(mask.sizes, mask.strides) || !input.sizes().equals(out.sizes()) ||
-      !input.sizes().equals(mask.sizes) || input.scalar_type() != out.scalar_type() ||
-      input.scalar_type() != mask.dtype) {
+  // The same dense layout for all three (a channels-last dropout's input, noise and output): each
+  // is read in memory order, where the mask's bits are, element by element alike.
+  if (!tail_fits(input, mask) || !out.defined() || !out.is_non_overlapping_and_dense() ||
+      !out.sizes().equals(input.sizes()) || !out.strides().equals(input.strides()) ||
+      out.scalar_type() != input.scalar_type()) {
     return false;
   }
   // A multiple of 8: each chunk starts on a byte of the mask. Small: the check runs inside a
@@ -145,7 +151,8 @@ bool tail_matches(const at::Tensor& input, const CompactMask& mask, const at::Te
   // at its minimum budget, tools/soak.py).
   constexpr int64_t kChunk = 4096;
   const int64_t n = input.numel();
-  const at::Tensor in = input.view({-1}), o = out.view({-1});
+  const auto memory_order = [n](const at::Tensor& t) { return t.as_strided({n}, {1}, t.storage_offset()); };
+  const at::Tensor in = memory_order(input), o = memory_order(out);
   for (int64_t s = 0; s < n; s += kChunk) {
     const int64_t len = std::min(kChunk, n - s);
     const CompactMask part{mask.mask.narrow(0, s / 8, compact_mask_bytes(len)), {len}, {1}, len, mask.bits, mask.dtype};

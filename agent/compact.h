@@ -43,9 +43,14 @@ bool compact_mask(const at::Tensor& t, CompactMask* out);
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b);
 
 // Whether `input * expand_mask(mask)` equals `out` bit for bit, checked in chunks of 4 Ki elements
-// so that it holds two chunks, not two tensors, at a time. False unless all three are contiguous
-// with the same shape and dtype (the product's layout then is `out`'s).
+// so that it holds two chunks, not two tensors, at a time. False unless all three have the same
+// shape, dtype and strides, dense in one memory order (contiguous, channels-last, transposed: the
+// product's layout then is `out`'s, and element i in memory order of each is the same element).
 bool tail_matches(const at::Tensor& input, const CompactMask& mask, const at::Tensor& out);
+
+// Whether `input` can take the dropout tail of `mask`: dense, with the mask's shape, strides and
+// dtype (so `input * expand_mask(mask)` has that layout, as the dropout's output had).
+bool tail_fits(const at::Tensor& input, const CompactMask& mask);
 
 // The tensor back, bit-identical to the one compact_mask was given: one pass, ~14 us for 128 Ki
 // floats on one core (byte masks: ~10 us).

@@ -1019,8 +1019,7 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
   const std::shared_ptr<SavedState> mask = tail_mask(op, memo);
   if (mask && tail_state_[op] == 1) {
     at::Tensor in = resolve(r.args[0].tensors[0], memo, depth);
-    if (in.defined() && in.is_contiguous() && in.sizes().equals(mask->meta_sizes) &&
-        in.scalar_type() == mask->meta_dtype) {
+    if (tail_fits(in, mask->mask)) {
       at::Tensor out;
       {
         AgentScope scope;

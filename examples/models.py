@@ -182,15 +182,17 @@ class GPT2(nn.Module):
 
 
 class CNN(nn.Module):
-    def __init__(self, classes=10, width=32, hardswish=False):
+    def __init__(self, classes=10, width=32, hardswish=False, dropout=False):
         super().__init__()
         w = width
         act = nn.Hardswish if hardswish else nn.ReLU
+        # dropout: element-wise on the feature maps (4-D; channels-last in a channels-last model).
+        drop = [nn.Dropout(0.1)] if dropout else []
         self.features = nn.Sequential(
             # In-place activations on the BatchNorm outputs, as torchvision's models have them
             # (hardswish: MobileNetV3's, whose in-place autograd saves a copy of its input).
             nn.Conv2d(3, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(inplace=True),
-            nn.Conv2d(w, w, 3, padding=1), nn.BatchNorm2d(w), act(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(w, w, 3, padding=1), nn.BatchNorm2d(w), act(inplace=True), nn.MaxPool2d(2), *drop,
             nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), act(inplace=True),
             nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(inplace=True), nn.MaxPool2d(2),
         )
@@ -268,7 +270,8 @@ ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm", *TORCHVISION]
 
 
 def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
-          noisy_op=False, detached_side=False, custom_gelu=False, width=0, layers=0, seq=64, index_copy=False):
+          noisy_op=False, detached_side=False, custom_gelu=False, width=0, layers=0, seq=64, index_copy=False,
+          dropout=False):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024, detached_side=detached_side)
     if name == "gpt2":
@@ -286,7 +289,7 @@ def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_dep
                 blk.mlp[1] = CustomGelu()
         return m
     if name == "cnn":
-        return CNN(width=8 if small else 32, hardswish=hardswish)
+        return CNN(width=8 if small else 32, hardswish=hardswish, dropout=dropout)
     if name == "views":
         return ViewsInplace()
     if name == "tied":

@@ -67,6 +67,9 @@ def parse():
     p.add_argument("--noisy-op", action="store_true",
                    help="GPT-2: a torch.library op that adds torch.rand_like noise (random, undeclared)")
     p.add_argument("--hardswish", action="store_true", help="CNN: in-place Hardswish activations (MobileNetV3's)")
+    p.add_argument("--cnn-dropout", action="store_true",
+                   help="CNN: element-wise dropout on the feature maps after the first pooling (4-D; channels-last "
+                        "with --channels-last)")
     p.add_argument("--stochastic-depth", action="store_true",
                    help="GPT-2: a row-wise stochastic-depth noise (empty, bernoulli_, div_) on the embeddings")
     p.add_argument("--shift-buffer", nargs="?", const="early", choices=["early", "late", "data", "backward"],
@@ -314,7 +317,7 @@ def main():
                          sdpa=args.sdpa, noisy_op=args.noisy_op,
                          detached_side=args.detached_side, custom_gelu=args.custom_gelu,
                          width=args.width, layers=args.layers, seq=args.seq,
-                         index_copy=args.index_copy).to(args.device)
+                         index_copy=args.index_copy, dropout=args.cnn_dropout).to(args.device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.distributed and args.fsdp:

@@ -40,7 +40,7 @@ FLAGS = {
     "gpt2": GPT2,
     "cnn": ["--hardswish", "--accum 2", "--eval-every 2", "--small", "--optimizer-in-backward",
             "--log-grads", "--backward-raises-at 4", "--log-grads-until 4", "--zero-grad-late",
-            "--channels-last"] + GRADS,
+            "--channels-last", "--cnn-dropout"] + GRADS,
     "mlp": ["--shared-layer", "--detached-side", "--small", "--drop-rows", "--release-params",
             "--accum 3", "--optimizer-in-backward", "--zero-grad-late"] + GRADS,
     "views": ["--accum 2", "--eval-every 2"] + GRADS,

@@ -242,10 +242,18 @@ def test_gradients_clipped_or_taken_by_autograd_grad_replay_as_planned(runner, p
 
 # Channels-last convolutions: each re-run gets its inputs in the layout the forward gave them,
 # so it makes its output in the same layout, and the same bits.
-def test_a_channels_last_cnn_replays_as_planned(runner, plain_runs):
-    p, report = identical_replay(runner, plain_runs, "cnn", "50%", ["--channels-last"])
+# With --cnn-dropout: an element-wise dropout of channels-last feature maps, whose noise is
+# channels-last too. Its re-run is input x compact mask (the tail), checked in memory order; it
+# was refused as not contiguous, with a warning that input x mask "differs", and re-ran the
+# dropout with its RNG state put back.
+@pytest.mark.parametrize("extra", [[], ["--cnn-dropout"]])
+def test_a_channels_last_cnn_replays_as_planned(runner, plain_runs, extra):
+    p, report = identical_replay(runner, plain_runs, "cnn", "50%", ["--channels-last", *extra])
     assert report["replay"] and report["replay"][0]["evicted"] > 0
     assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])  # below its minimum
+    if extra:
+        assert "differs from re-running dropout" not in p.stderr
+        assert report["replay"][0]["tail_reruns"] > 0
 
 
 # A backward that keeps its graph for another: two backwards through one graph (every saved

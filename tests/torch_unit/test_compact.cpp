@@ -85,7 +85,7 @@ TEST(Compact, ATransposedMaskKeepsItsLayout) {
   EXPECT_EQ(back.sizes(), noise.sizes());
   EXPECT_EQ(back.strides(), noise.strides());
   EXPECT_TRUE(at::equal(bits(back), bits(noise)));
-  EXPECT_FALSE(memplan::tail_matches(at::randn({8, 65, 64}), c, at::randn({8, 65, 64})));  // not contiguous
+  EXPECT_FALSE(memplan::tail_matches(at::randn({8, 65, 64}), c, at::randn({8, 65, 64})));  // not the mask's layout
 }
 
 TEST(Compact, AllZeroAndNoZeroTensorsRoundTrip) {
@@ -151,4 +151,42 @@ TEST(Compact, TailMatchesWhatDropoutReturned) {
   wrong.view({-1})[x.numel() - 1] += 1;  // the last chunk
   EXPECT_FALSE(memplan::tail_matches(x, c, wrong));
   EXPECT_FALSE(memplan::tail_matches(x.transpose(1, 2).contiguous().transpose(1, 2), c, out));  // layout
+}
+
+
+// The same in a dense layout that is not contiguous: a channels-last CNN's dropout (its noise is
+// empty_like, channels-last too), or ViT's transposed one. Each of input, noise and output is read
+// in memory order; input x mask then ran as the re-run's tail, not a dropout with the RNG put back.
+TEST(Compact, TailMatchesInAnyDenseLayoutItsMaskHas) {
+  at::manual_seed(3);
+  const std::vector<at::Tensor> inputs = {
+      at::randn({4, 16, 9, 11}).contiguous(at::MemoryFormat::ChannelsLast),
+      at::randn({65, 8, 64}).transpose(0, 1)};
+  for (const at::Tensor& x : inputs) {
+    ASSERT_FALSE(x.is_contiguous());
+    at::Generator rng = at::detail::getDefaultCPUGenerator();
+    at::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(rng.mutex());
+      state = rng.get_state();
+    }
+    const at::Tensor out = at::dropout(x, 0.2, /*train=*/true);
+    {
+      std::lock_guard<std::mutex> lock(rng.mutex());
+      rng.set_state(state);
+    }
+    const at::Tensor noise = at::empty_like(x).bernoulli_(0.8).div_(0.8);  // the same draw
+    ASSERT_EQ(noise.strides(), x.strides());
+    ASSERT_EQ(out.strides(), x.strides());
+    CompactMask c;
+    ASSERT_TRUE(compact_mask(noise, &c));
+    EXPECT_TRUE(memplan::tail_fits(x, c));
+    EXPECT_TRUE(memplan::tail_matches(x, c, out));
+    EXPECT_TRUE(at::equal(bits(at::mul(x, expand_mask(c))), bits(out)));  // what the re-run's tail computes
+    at::Tensor wrong = out.clone();
+    wrong.as_strided({wrong.numel()}, {1}).select(0, 5) += 1;
+    EXPECT_FALSE(memplan::tail_matches(x, c, wrong));
+    EXPECT_FALSE(memplan::tail_fits(x.contiguous(), c));  // another layout than the mask's
+    EXPECT_FALSE(memplan::tail_matches(x.contiguous(), c, out.contiguous()));
+  }
 }
