@@ -128,22 +128,30 @@ TEST(Compact, BitwiseEqualComparesBits) {
   EXPECT_FALSE(memplan::bitwise_equal(a, at::tensor({0.0f, 1.5f, 2.0f})));
 }
 
-// The dropout tail: input x mask is what aten::dropout returned, checked chunk by chunk.
-TEST(Compact, TailMatchesWhatDropoutReturned) {
-  at::manual_seed(1);
-  const at::Tensor x = at::randn({3, 100, 200});  // several 4 Ki chunks, the last one partial
+// aten::dropout(x, p) in training, and (in *noise) the noise it multiplied by: the same draw
+// again from the generator's state before it, made as aten::dropout makes it (empty_like x).
+static at::Tensor dropout_and_noise(const at::Tensor& x, double p, at::Tensor* noise) {
   at::Generator rng = at::detail::getDefaultCPUGenerator();
   at::Tensor state;
   {
     std::lock_guard<std::mutex> lock(rng.mutex());
     state = rng.get_state();
   }
-  const at::Tensor out = at::dropout(x, 0.3, /*train=*/true);
+  at::Tensor out = at::dropout(x, p, /*train=*/true);
   {
     std::lock_guard<std::mutex> lock(rng.mutex());
     rng.set_state(state);
   }
-  const at::Tensor noise = at::empty_like(x).bernoulli_(0.7).div_(0.7);  // the same draw
+  *noise = at::empty_like(x).bernoulli_(1 - p).div_(1 - p);
+  return out;
+}
+
+// The dropout tail: input x mask is what aten::dropout returned, checked chunk by chunk.
+TEST(Compact, TailMatchesWhatDropoutReturned) {
+  at::manual_seed(1);
+  const at::Tensor x = at::randn({3, 100, 200});  // several 4 Ki chunks, the last one partial
+  at::Tensor noise;
+  const at::Tensor out = dropout_and_noise(x, 0.3, &noise);
   CompactMask c;
   ASSERT_TRUE(compact_mask(noise, &c));
   EXPECT_TRUE(memplan::tail_matches(x, c, out));
@@ -164,18 +172,8 @@ TEST(Compact, TailMatchesInAnyDenseLayoutItsMaskHas) {
       at::randn({65, 8, 64}).transpose(0, 1)};
   for (const at::Tensor& x : inputs) {
     ASSERT_FALSE(x.is_contiguous());
-    at::Generator rng = at::detail::getDefaultCPUGenerator();
-    at::Tensor state;
-    {
-      std::lock_guard<std::mutex> lock(rng.mutex());
-      state = rng.get_state();
-    }
-    const at::Tensor out = at::dropout(x, 0.2, /*train=*/true);
-    {
-      std::lock_guard<std::mutex> lock(rng.mutex());
-      rng.set_state(state);
-    }
-    const at::Tensor noise = at::empty_like(x).bernoulli_(0.8).div_(0.8);  // the same draw
+    at::Tensor noise;
+    const at::Tensor out = dropout_and_noise(x, 0.2, &noise);
     ASSERT_EQ(noise.strides(), x.strides());
     ASSERT_EQ(out.strides(), x.strides());
     CompactMask c;
