@@ -695,6 +695,8 @@ void Agent::end_step(Profile p) {
     return;
   }
   const bool diverged = replayer_ != nullptr && replayer_->diverged();
+  // Ran its plan's ops with stretches left out (Replayer::skip_to), none of them other.
+  const bool gapped = replayer_ != nullptr && !diverged && replayer_->gapped();
   bool other_kind = false;  // ran other ops than its kind's, undetected while it ran
   if (!choice_.profile && !diverged && p.signature != choice_.kind) {  // (a divergence says so itself)
     // The same ops with other sizes, in a kind whose ops' sizes follow from data (a loss over the
@@ -703,6 +705,9 @@ void Agent::end_step(Profile p) {
     const PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
     if ((rec.data_dependent || choice_.family) && p.structure_signature == rec.structure) {
       p.signature = choice_.kind;
+    } else if (gapped) {
+      // Its kind is its own (StepKinds::finish decides which the history keeps), its peak the
+      // plan's to keep under, though not to predict: measured apart.
     } else {
       other_kind = true;
       log_once("other-kind", LogLevel::Info,
@@ -718,6 +723,11 @@ void Agent::end_step(Profile p) {
       // No measure of this plan: its peak is not the plan's to predict; kept apart.
       st.other_kind_peak.push_back(p.peak_bytes);
       st.other_kind_baseline.push_back(p.baseline_bytes);
+    } else if (gapped) {
+      st.gapped_peak.push_back(p.peak_bytes);
+      st.gapped_baseline.push_back(p.baseline_bytes);
+      st.callback_us.push_back(p.overhead_us);
+      if (recorder_.light()) ++st.light_steps;
     } else if (!diverged) {
       if (!replay_profile_ && !recorder_.light()) {  // (light: the step's kind was decided late)
         replay_profile_ = std::make_unique<Profile>(p);
@@ -742,10 +752,11 @@ void Agent::end_step(Profile p) {
           choice_.profile ? "profiled" : fmt::format("replayed kind {:016x}", choice_.kind),
           diverged ? ", diverged" : "");
   }
-  const bool plan_now = kinds_.finish(choice_, p.signature, first_op_, diverged);
+  bool plan_now = kinds_.finish(choice_, p.signature, first_op_, diverged, gapped);
   if (choice_.profile) {
     profile_next_ = false;  // reset here: begin_step may run more than once per step
     keep_record(std::move(p));
+    if (cover_kind(profiles_.back(), &plan_now)) plan_now = false;
     if (plan_now) {
       // A step of the kind may allocate gradients this record added into (kind_profile.h):
       // the plan counts them. The record is replaced, so the profile file, the summary and the
@@ -778,6 +789,36 @@ void Agent::end_step(Profile p) {
   } else if (nothing_to_do()) {
     stop_observing();
   }
+}
+
+// Whether the plan of `by` can replay the steps of `kind`'s ops: `kind`'s ops are among its own,
+// in order, from the same first op, and it has actions (a plan without them has no replayer to
+// follow a step past its gaps). Cost: one pass over both op sequences.
+bool Agent::covers(const PlanRecord& by, const PlanRecord& kind) const {
+  return by.replayer != nullptr && kind.ops.within(by.ops);
+}
+
+// A record `p` just kept, of a kind with no plan: if a planned kind runs its ops with others
+// between (LayerDrop skipped layers of that one), its steps replay that kind's plan from now on
+// (StepKinds::set_cover) and true; if it runs the ops of a planned kind with others between
+// (more layers), it is due a plan now (*plan_now), which replaces theirs (plan_kind).
+bool Agent::cover_kind(const Profile& p, bool* plan_now) {
+  if (kinds_.plan_of(p.signature) >= 0) return false;
+  PlanRecord self;
+  self.ops = OpSequence(p.forward);
+  for (const PlanRecord& rec : plans_) {
+    if (rec.kind == p.signature || kinds_.plan_of(rec.kind) != &rec - plans_.data()) continue;
+    if (covers(rec, self)) {
+      kinds_.set_cover(p.signature, rec.kind);
+      log_once("covered", LogLevel::Info,
+               fmt::format("kind of step {:016x} runs the ops of kind {:016x} with some left out (fewer layers, as "
+                           "with LayerDrop): its steps replay that kind's plan, leaving out the ops they do not run",
+                           p.signature, rec.kind));
+      return true;
+    }
+    if (rec.replayer && rec.ops.within(self.ops)) *plan_now = true;
+  }
+  return false;
 }
 
 // A step recorded whole joins the records, with whether it began without gradients.
@@ -830,6 +871,18 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
   }
   plans_.push_back(std::move(rec));
   kinds_.set_plan(p.signature, static_cast<int>(plans_.size()) - 1);
+  // Planned kinds whose ops this one runs with more between (fewer layers): its plan covers them.
+  const PlanRecord& made = plans_.back();
+  for (const PlanRecord& other : plans_) {
+    if (&other != &made && other.kind != made.kind && kinds_.plan_of(other.kind) == &other - plans_.data() &&
+        covers(made, other)) {
+      kinds_.set_cover(other.kind, made.kind);
+      log_once("cover", LogLevel::Info,
+               fmt::format("kind of step {:016x} runs the ops of kind {:016x} with others between (more layers, as "
+                           "with LayerDrop): its plan replaces that kind's, leaving out the ops a step does not run",
+                           made.kind, other.kind));
+    }
+  }
   if (phase_ == Phase::Warmup) {
     phase_ = Phase::Replay;
     nvtx::range_push("memplan/replay");
@@ -1092,6 +1145,8 @@ void Agent::write_report(const std::string& path) const {
                     {"node_hooks", st.node_hooks}, {"snapshots", st.snapshots}, {"drifted", st.drifted},
                     {"family_steps", st.family_steps}, {"family_peak_bytes", st.family_peak},
                     {"family_baseline_bytes", st.family_baseline},
+                    {"gapped_steps", st.gapped_steps}, {"gapped_peak_bytes", st.gapped_peak},
+                    {"gapped_baseline_bytes", st.gapped_baseline},
                     {"other_kind_peak_bytes", st.other_kind_peak},
                     {"other_kind_baseline_bytes", st.other_kind_baseline}});
   };
@@ -1138,7 +1193,8 @@ std::string Agent::replay_summary(const PlanRecord& rec, const std::string& titl
     const int64_t med = peaks[peaks.size() / 2];
     line(fmt::format("replayed {} step(s): measured peak {} (median, on the profile's baseline; {:.0f}% of "
                      "activations), predicted {} (error {:+.1f}%)",
-                     st.steps - static_cast<int64_t>(st.family_peak.size()), format_bytes(med), pct(med),
+                     st.steps - static_cast<int64_t>(st.family_peak.size() + st.gapped_peak.size()),
+                     format_bytes(med), pct(med),
                      format_bytes(p.predicted_peak),
                      p.predicted_peak > 0 ? 100.0 * (static_cast<double>(med) / p.predicted_peak - 1.0) : 0.0));
   }
@@ -1150,6 +1206,15 @@ std::string Agent::replay_summary(const PlanRecord& rec, const std::string& titl
     line(fmt::format("and {} step(s) of the same ops at other sizes, with no plan of their own: measured peak "
                      "at most {} (on the profile's baseline; {:.0f}% of this plan's activations)",
                      st.family_peak.size(), format_bytes(worst), pct(worst)));
+  }
+  if (!st.gapped_peak.empty()) {
+    int64_t worst = 0;
+    for (size_t i = 0; i < st.gapped_peak.size(); ++i) {
+      worst = std::max(worst, st.gapped_peak[i] - st.gapped_baseline[i] + p.baseline);
+    }
+    line(fmt::format("and {} step(s) that left out some of its ops (a layer skipped) and replayed the rest: "
+                     "measured peak at most {} (on the profile's baseline; {:.0f}% of this plan's activations)",
+                     st.gapped_peak.size(), format_bytes(worst), pct(worst)));
   }
   if (!rec.iteration_us.empty()) {
     line(fmt::format("replayed iterations: {:.2f} ms (median wall time, optimizer and data included), of which "

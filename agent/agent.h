@@ -126,6 +126,8 @@ class Agent final : public OpSink {
   void begin_step(const at::RecordFunction& first);
   void end_step(Profile p);
   void keep_record(Profile p);
+  bool covers(const PlanRecord& by, const PlanRecord& kind) const;
+  bool cover_kind(const Profile& p, bool* plan_now);
   void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited = nullptr, const FreshGradients& fresh = {});
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);

@@ -288,7 +288,8 @@ bool Replayer::hold_externals(int64_t op) const {
   return diverged_ || op < 0 || static_cast<size_t>(op) >= hold_externals_.size() || hold_externals_[op];
 }
 
-bool Replayer::wants_packs(int64_t op) const {
+bool Replayer::wants_packs(int64_t step_op) const {
+  const int64_t op = at(step_op);
   return diverged_ || op < 0 || static_cast<size_t>(op) >= wants_packs_.size() || wants_packs_[op];
 }
 
@@ -336,6 +337,7 @@ void Replayer::begin_step(bool any_size) {
   diverged_ = false;
   drifted_ = false;
   any_size_ = any_size;
+  shift_ = 0;
   if (any_size) ++stats_.family_steps;
   follow_nodes_ = true;
   recipes_.clear();
@@ -452,7 +454,8 @@ const std::vector<char>& Replayer::written_args(const c10::FunctionSchema& schem
   return written_by_schema_.emplace(&schema, mutable_args(schema)).first->second;
 }
 
-void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
+void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool random) {
+  const int64_t op = at(step_op);
   if (static_cast<size_t>(op) >= recipes_.size()) {
     recipes_.resize(op + 1);
     slots_.resize(op + 1);
@@ -544,7 +547,8 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t op, bool random) {
   r.autocast_cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
 }
 
-void Replayer::on_pack(const std::shared_ptr<SavedState>& s, const at::Tensor& t, int64_t op) {
+void Replayer::on_pack(const std::shared_ptr<SavedState>& s, const at::Tensor& t, int64_t step_op) {
+  const int64_t op = at(step_op);
   s->op = op;
   s->ordinal = packs_in_op_++;
   pending_.push_back({s, t});
@@ -566,7 +570,8 @@ bool Replayer::rebuildable(const TensorSource& src) const {
   return false;
 }
 
-void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash, uint64_t structure) {
+void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool dropped, uint64_t hash, uint64_t structure) {
+  int64_t op = at(step_op);
   if (op < 0 || static_cast<size_t>(op) >= recipes_.size()) return;
   if (dropped) {
     recipes_[op] = Recipe();
@@ -574,6 +579,7 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, ui
     pending_.clear();
     return;
   }
+  if (!diverged_ && !any_size_) op = skip_to(op, hash, structure);
   // Outputs become slots, in the order of the returned stack (lists flattened). An opaque op's
   // (see opaque_) are found by no lookup: a reader's recipe takes them as from outside the step.
   // Once the step has diverged the profile no longer says which op this is, and every op's
@@ -643,14 +649,70 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t op, bool dropped, ui
   if (!diverged_) {
     evict_after(op);
     compact_after(op);
-    for (int64_t v : hold_from_[op]) {
-      auto it = value_slot_.find(v);
-      if (it == value_slot_.end()) continue;
-      if (auto impl = slots_[it->second.first][it->second.second].impl.lock()) {
-        holds_[v] = Hold{at::Tensor(impl), it->second.first, it->second.second};
-      }
+    hold_after(op);
+  }
+}
+
+void Replayer::hold_after(int64_t op) {
+  for (int64_t v : hold_from_[op]) {
+    auto it = value_slot_.find(v);
+    if (it == value_slot_.end()) continue;
+    if (auto impl = slots_[it->second.first][it->second.second].impl.lock()) {
+      holds_[v] = Hold{at::Tensor(impl), it->second.first, it->second.second};
     }
   }
+}
+
+int64_t Replayer::skip_to(int64_t op, uint64_t hash, uint64_t structure) {
+  if (ops_.match(op, hash, structure) != OpSequence::Match::Other) return op;
+  int64_t to = -1;
+  for (size_t q = static_cast<size_t>(op) + 1; q < ops_.size(); ++q) {
+    if (ops_.match(static_cast<int64_t>(q), hash, structure) == OpSequence::Match::Same) {
+      to = static_cast<int64_t>(q);
+      break;
+    }
+  }
+  if (to < 0) return op;
+  const size_t need = static_cast<size_t>(to) + 1;
+  if (recipes_.size() < need) {
+    recipes_.resize(need);
+    slots_.resize(need);
+    rebuildable_op_.resize(need, false);
+  }
+  if (seq_begin_.size() < need) seq_begin_.resize(need, -1);
+  recipes_[to] = std::move(recipes_[op]);
+  recipes_[op] = Recipe();
+  seq_begin_[to] = seq_begin_[op];
+  // What this op packed was taken for the plan's op `op`'s values: it is op `to`'s.
+  for (Pending& p : pending_) {
+    const int64_t was = planned_value(op, p.state->ordinal, p.original);
+    if (was >= 0) {
+      auto& list = handles_[was];
+      list.erase(std::remove_if(list.begin(), list.end(),
+                                [&](const std::weak_ptr<SavedState>& w) { return w.lock() == p.state; }),
+                 list.end());
+    }
+    p.state->op = to;
+    const int64_t v = planned_value(to, p.state->ordinal, p.original);
+    if (v >= 0) handles_[v].push_back(p.state);
+  }
+  // The left-out ops' actions: evictions of values they were the last to read, holds from them.
+  // Their own values and nodes do not exist: nothing to do for those.
+  for (int64_t q = op; q < to; ++q) {
+    evict_after(q);
+    hold_after(q);
+  }
+  // Backward nodes are numbered as they run: after a gap they no longer line up with the
+  // profile's. Planned recomputes hang on the nodes themselves (node_hook); the few driven by
+  // node callbacks are left to on-demand rebuilds.
+  follow_nodes_ = false;
+  if (shift_ == 0) ++stats_.gapped_steps;
+  shift_ += to - op;
+  log_once("gap", LogLevel::Info,
+           fmt::format("a step left out forward ops {}..{} of its plan's profile and ran the rest in order (a layer "
+                       "skipped, as LayerDrop does): it replays the plan's actions of the ops it ran",
+                       op, to - 1));
+  return to;
 }
 
 namespace {

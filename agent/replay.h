@@ -63,6 +63,12 @@ struct ReplayStats {
   int64_t snapshots = 0;    // inputs or parameters copied when captured, as a write would follow
   int64_t drifted = 0;      // steps replayed with other sizes after a data-dependent shape
   int64_t family_steps = 0; // steps of another size replayed with this plan (Choice::family)
+  // Steps that ran the profile's ops with stretches left out (Replayer::skip_to: a layer that
+  // LayerDrop skipped), replayed with the plan's actions of the ops they ran. Measured apart:
+  // they run less than the plan predicts for.
+  int64_t gapped_steps = 0;
+  std::vector<int64_t> gapped_peak;
+  std::vector<int64_t> gapped_baseline;
 };
 
 class Replayer {
@@ -71,6 +77,8 @@ class Replayer {
 
   const planner::Plan& plan() const { return plan_; }
   bool diverged() const { return diverged_; }
+  // This step left out some of the profile's ops and ran the rest in order (skip_to).
+  bool gapped() const { return shift_ > 0; }
   ReplayStats& stats() { return stats_; }
 
   // `any_size`: the step runs the profile's ops at other sizes (a sequence length of the same
@@ -106,7 +114,8 @@ class Replayer {
   void before_write(const at::RecordFunction& fn);
   // The running op turned out to draw random numbers its recipe did not snapshot: it is not
   // rebuildable this step (call before op_end).
-  void forget_recipe(int64_t op) {
+  void forget_recipe(int64_t step_op) {
+    const int64_t op = at(step_op);
     if (op >= 0 && static_cast<size_t>(op) < recipes_.size()) recipes_[op].valid = false;
   }
   // A saved tensor packed during (or, for a custom Function, just after) forward op `op`.
@@ -182,6 +191,18 @@ class Replayer {
   };
 
   void check_divergence(int64_t op, uint64_t hash, uint64_t structure, const char* name);
+  // The plan's index of the step's op `op` (the recorder's index): past the stretches of the
+  // profile the step left out.
+  int64_t at(int64_t op) const { return op < 0 ? op : op + shift_; }
+  // Step op `op` (at its end, as the plan's op `op`) is not the profile's op there but a later
+  // one's: the step left out the ops between (LayerDrop skipped a layer). Moves what the step
+  // recorded of it to that op, runs the left-out ops' evictions and holds, and returns its index;
+  // returns `op` if no later op matches (check_divergence then stops the plan). The match is
+  // greedy, the earliest later op of the same identity: a wrong pick (an op repeated in a later
+  // layer) only mislabels ops, whose actions then fall elsewhere; every rebuild still re-runs the
+  // step's own calls. Cost: a scan of the profile's ops, once per stretch left out.
+  int64_t skip_to(int64_t op, uint64_t hash, uint64_t structure);
+  void hold_after(int64_t op);
   int64_t planned_value(int64_t op, int64_t ordinal, const at::Tensor& t) const;
   TensorSource source_of(const at::Tensor& t, bool unknown_is_external);
   bool rebuildable(const TensorSource& src) const;
@@ -257,6 +278,7 @@ class Replayer {
   bool diverged_ = false;
   bool drifted_ = false;  // this step ran with other sizes after a data-dependent shape (stats once)
   bool any_size_ = false; // this step may run every op at other sizes (begin_step)
+  int64_t shift_ = 0;     // profile ops this step left out so far (skip_to)
   bool follow_nodes_ = true;  // backward nodes still match the profile
   std::vector<Recipe> recipes_;
   std::vector<std::vector<Slot>> slots_;

@@ -56,14 +56,17 @@ std::optional<uint64_t> StepKinds::predict(uint64_t first_op) const {
 
 StepKinds::Choice StepKinds::next(const FirstOp& first) const {
   Choice c;
-  if (const std::optional<uint64_t> kind = predict(first.identity)) {
+  if (std::optional<uint64_t> kind = predict(first.identity)) {
+    if (auto by = cover_.find(*kind); by != cover_.end()) kind = by->second;
     c.kind = *kind;
     auto it = kinds_.find(*kind);
     if (it != kinds_.end() && it->second.plan >= 0) {
       c.profile = false;
       c.plan = it->second.plan;
       for (const auto& [k, info] : kinds_) {
-        if (k != *kind && info.first.identity == first.identity && info.plan >= 0) c.others.push_back(info.plan);
+        if (k != *kind && info.first.identity == first.identity && info.plan >= 0 && !cover_.count(k)) {
+          c.others.push_back(info.plan);
+        }
       }
       std::sort(c.others.begin(), c.others.end());
       return c;
@@ -99,10 +102,12 @@ StepKinds::Choice StepKinds::next(const FirstOp& first) const {
   return c;
 }
 
-bool StepKinds::finish(const Choice& c, uint64_t signature, const FirstOp& first, bool diverged) {
+bool StepKinds::finish(const Choice& c, uint64_t signature, const FirstOp& first, bool diverged, bool gapped) {
+  gapped = gapped && !c.profile && !diverged;
+  if (gapped) signature = c.kind;  // one kind for all the subsets of layers a plan covers
   history_.push_back(signature);
   if (history_.size() > kWindow) history_.pop_front();
-  const bool missed = !c.profile && (diverged || signature != c.kind);
+  const bool missed = !c.profile && !gapped && (diverged || signature != c.kind);
   missed_.push_back(missed ? 1 : 0);
   if (missed_.size() > kMissWindow) missed_.pop_front();
   misses_total_ += missed ? 1 : 0;
@@ -118,7 +123,7 @@ bool StepKinds::finish(const Choice& c, uint64_t signature, const FirstOp& first
   if (!c.profile) return false;
   ++k.profiled;
   ++recorded_;
-  return k.plan < 0 && (k.profiled >= warmup_ || (!any_plan_ && recorded_ >= warmup_) || c.plan_at_once);
+  return k.plan < 0 && !cover_.count(signature) && (k.profiled >= warmup_ || (!any_plan_ && recorded_ >= warmup_) || c.plan_at_once);
 }
 
 size_t StepKinds::families() const {
@@ -132,6 +137,16 @@ size_t StepKinds::families() const {
     }
   }
   return alone + seen.size();
+}
+
+void StepKinds::set_cover(uint64_t kind, uint64_t by) {
+  if (kind == by) return;
+  cover_[kind] = by;
+  // Kinds `kind` covered are covered by `by` now (a kind covers no kind that covers it: the
+  // relation is an order on op sequences, and a kind is planned once).
+  for (auto& [k, c] : cover_) {
+    if (c == kind) c = by;
+  }
 }
 
 void StepKinds::set_plan(uint64_t kind, int plan) {

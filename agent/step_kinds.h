@@ -82,8 +82,17 @@ class StepKinds {
   // one: it has been recorded whole `warmup` times, or it is the last of the run's first
   // `warmup` steps (the warm-up: a script's first step often runs setup ops the later ones do
   // not). The caller plans it and calls set_plan.
-  bool finish(const Choice& c, uint64_t signature, const FirstOp& first, bool diverged);
+  // `gapped`: its replay ran the plan's ops with stretches left out (Replayer::skip_to: a layer
+  // LayerDrop skipped): not a miss, and a step of the kind it replayed (see set_cover).
+  bool finish(const Choice& c, uint64_t signature, const FirstOp& first, bool diverged, bool gapped = false);
   void set_plan(uint64_t kind, int plan);
+  // Kind `kind`'s ops are among kind `by`'s, in order, from the same first op (OpSequence::
+  // within): its steps replay `by`'s plan, leaving out the ops they do not run, and it gets no
+  // plan of its own. A model that skips a random few of its layers (LayerDrop) would otherwise
+  // be a new kind nearly every step, each profiled and planned, until memplan gave up. (A model
+  // that stops running a layer for good replays the larger plan too: within its budget, with
+  // more recomputation than a plan of its own might need.)
+  void set_cover(uint64_t kind, uint64_t by);
 
   // Why to stop planning and run plain from here on; nullopt while the steps settle.
   std::optional<std::string> give_up() const;
@@ -115,6 +124,7 @@ class StepKinds {
   std::deque<char> missed_;  // per step of the last kMissWindow: a replay guessed wrong
   std::unordered_map<uint64_t, Kind> kinds_;
   int64_t misses_total_ = 0;
+  std::unordered_map<uint64_t, uint64_t> cover_;  // kind -> the kind whose plan it replays
   int recorded_ = 0;         // steps recorded whole, all kinds
   bool any_plan_ = false;
 };

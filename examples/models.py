@@ -163,6 +163,8 @@ class GPT2(nn.Module):
         blocks = self.blocks[:-1] if getattr(self, "skip_last_block", False) else self.blocks
         if getattr(self, "depth", None):
             blocks = self.blocks[: self.depth]
+        if getattr(self, "repeat_last_block", False):
+            blocks = list(blocks) + [self.blocks[-1]]
         for blk in blocks:
             x = blk(x)
         if shift == "late":  # at the end of the forward, after the blocks' values were evicted

@@ -60,6 +60,9 @@ def parse():
     p.add_argument("--skip-block-at", type=int, default=-1,
                    help="GPT-2: the forward skips its last block from this step (the op sequence changes "
                         "after the step's first op)")
+    p.add_argument("--repeat-block-at", type=int, default=-1,
+                   help="GPT-2: the forward runs its last block a second time from this step (ops added in "
+                        "the middle of the step)")
     p.add_argument("--log-params-before-step", action="store_true",
                    help="keep a copy of every parameter, made between backward and the optimizer step")
     p.add_argument("--sdpa", action="store_true",
@@ -373,6 +376,8 @@ def main():
         current["step"] = step
         if args.skip_block_at >= 0:
             inner.skip_last_block = step >= args.skip_block_at
+        if args.repeat_block_at >= 0:
+            inner.repeat_last_block = step >= args.repeat_block_at
         if args.depth_random:
             inner.depth = random.Random(2000 + step).randrange(1, len(inner.blocks) + 1)
         if not args.zero_grad_late:

@@ -24,4 +24,15 @@ OpSequence::OpSequence(const std::vector<Op>& forward) {
   }
 }
 
+bool OpSequence::within(const OpSequence& larger) const {
+  if (hashes_.empty() || larger.hashes_.empty() || hashes_[0] != larger.hashes_[0]) return false;
+  size_t j = 0;
+  for (uint64_t h : hashes_) {
+    while (j < larger.hashes_.size() && larger.hashes_[j] != h) ++j;
+    if (j == larger.hashes_.size()) return false;
+    ++j;
+  }
+  return true;
+}
+
 }  // namespace memplan

@@ -36,6 +36,11 @@ class OpSequence {
     return Match::Other;
   }
   size_t size() const { return hashes_.size(); }
+  // Whether a step of these ops would run as `larger`'s with stretches left out (a layer that
+  // LayerDrop skipped): the same first op, then every op in order among `larger`'s. Greedy, as
+  // the replay matches (Replayer::skip_to), so true exactly when such a replay follows it to the
+  // end. Cost: one pass over both.
+  bool within(const OpSequence& larger) const;
   // Op `op`'s input elements (all its tensor inputs), or -1 past the end: how large a step of
   // the same structure is, where its ops first differ (Agent::narrow_kinds).
   int64_t numel(int64_t op) const {

@@ -83,5 +83,27 @@ TEST(OpSequence, MatchesOpsByIdentityAndAfterADataDependentShapeByStructure) {
   EXPECT_EQ(plain.match(1, identity_of(relu_other), structure_of(relu_other)), OpSequence::Match::Other);
 }
 
+TEST(OpSequence, WithinALargerSequenceMeansItsOpsInOrderFromTheSameFirstOp) {
+  const TensorRef x{0, {4, 32, 10}, "Float"};
+  const Op embed = make("aten::embedding", {x}), norm = make("aten::layer_norm", {x}),
+           lin = make("aten::linear", {x}), gelu = make("aten::gelu", {x}), head = make("aten::matmul", {x});
+  // Three layers (norm, linear, gelu) between the embedding and the head.
+  const OpSequence three({embed, norm, lin, gelu, norm, lin, gelu, norm, lin, gelu, norm, head});
+  const OpSequence one({embed, norm, lin, gelu, norm, head});  // two layers left out
+  const OpSequence none({embed, norm, head});
+  EXPECT_TRUE(one.within(three));
+  EXPECT_TRUE(none.within(three));
+  EXPECT_TRUE(none.within(one));
+  EXPECT_TRUE(three.within(three));
+  EXPECT_FALSE(three.within(one));  // more ops: a larger step
+  // An op the larger one never runs after that point, another first op, or nothing at all.
+  EXPECT_FALSE(OpSequence({embed, norm, head, gelu}).within(three));
+  EXPECT_FALSE(OpSequence({norm, head}).within(three));
+  EXPECT_FALSE(OpSequence({embed, head, norm}).within(three));
+  EXPECT_FALSE(OpSequence().within(three));
+  // Other sizes are other ops.
+  EXPECT_FALSE(OpSequence({embed, make("aten::layer_norm", {{0, {4, 16, 10}, "Float"}}), head}).within(three));
+}
+
 }  // namespace
 }  // namespace memplan

@@ -348,5 +348,39 @@ TEST(StepKinds, PredictionUsesTheLongestContext) {
   EXPECT_EQ(k.predict(), B);  // "B A" never seen; "A" was last followed by B
 }
 
+TEST(StepKinds, ACoveredKindReplaysThePlanThatCoversIt) {
+  // Kinds A and B are planned; then B's plan is found to cover A (A's ops are among B's: fewer
+  // layers). A step predicted as A replays B's plan, and B is the candidate, not A's old plan.
+  StepKinds k(1);
+  EXPECT_EQ(drive(k, {A, B, B}), "pxp");  // B's first step was a wrong guess of A
+  EXPECT_EQ(k.plan_of(B), 1);
+  k.set_cover(A, B);
+  StepKinds::Choice c = k.next(alike(A));
+  EXPECT_FALSE(c.profile);
+  EXPECT_EQ(c.kind, B);
+  EXPECT_EQ(c.plan, 1);
+  EXPECT_TRUE(c.others.empty());
+  // Its step ran B's ops with some left out: no miss, and the history holds B.
+  EXPECT_FALSE(k.finish(c, A, alike(A), /*diverged=*/false, /*gapped=*/true));
+  EXPECT_EQ(k.misses(), 1);  // the one before
+  EXPECT_EQ(k.recent(1), (std::vector<uint64_t>{B}));
+  // A kind covered by one that another covers follows the chain; a covered kind is never due a
+  // plan of its own, however often it is recorded.
+  k.set_cover(B, C);
+  k.set_plan(C, 2);
+  EXPECT_EQ(k.next(alike(A)).plan, 2);
+  StepKinds::Choice rec;  // recorded whole (profile)
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(k.finish(rec, A, alike(A), false));
+}
+
+TEST(StepKinds, AGappedStepThatDivergedIsAMiss) {
+  StepKinds k(1);
+  EXPECT_EQ(drive(k, {A}), "p");
+  const StepKinds::Choice c = k.next(alike(A));
+  EXPECT_FALSE(k.finish(c, B, alike(B), /*diverged=*/true, /*gapped=*/true));
+  EXPECT_EQ(k.misses(), 1);
+  EXPECT_EQ(k.recent(1), (std::vector<uint64_t>{B}));
+}
+
 }  // namespace
 }  // namespace memplan
