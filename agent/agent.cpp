@@ -247,8 +247,9 @@ void Agent::op_start(const at::RecordFunction& fn) {
     // Its size, while the step's kind is undecided (narrow_kinds): the inputs are gone at the end.
     if (!undecided_.empty()) op_numel_ = input_numel(fn);
     bool wants_packs = false;
+    const uint64_t hash = recorder_.current_identity(fn);
     each_replayer([&](Replayer& r) {
-      r.op_start(fn, op, recorder_.current_random());
+      r.op_start(fn, op, recorder_.current_random(), hash);
       wants_packs = wants_packs || r.wants_packs(op);
     });
     // An op that saves nothing the plan evicts (every op, in a step of a kind whose plan has no
@@ -757,31 +758,10 @@ void Agent::end_step(Profile p) {
     profile_next_ = false;  // reset here: begin_step may run more than once per step
     keep_record(std::move(p));
     if (cover_kind(profiles_.back(), &plan_now)) plan_now = false;
-    if (plan_now) {
-      // A step of the kind may allocate gradients this record added into (kind_profile.h):
-      // the plan counts them. The record is replaced, so the profile file, the summary and the
-      // trace show what was planned.
-      FreshGradients fresh;
-      Profile planned = with_fresh_gradients(profiles_, profiles_.size() - 1, &fresh, &began_without_);
-      std::shared_ptr<const Profile> uncredited;
-      if (fresh.kept > 0) {
-        info("step {} kept up to {} of gradients through its backward that step {} of the same kind "
-             "freed before it (zeroed between forward and backward): the plan counts them",
-             fresh.kept_from, format_bytes(fresh.kept), profiles_.back().step);
-      }
-      if (fresh.bytes > 0) {
-        info("step {} allocated {} of gradients that step {} of the same kind added into (gradient "
-             "accumulation): the plan counts them",
-             fresh.from_step, format_bytes(fresh.bytes), profiles_.back().step);
-        uncredited = std::make_shared<const Profile>(std::move(profiles_.back()));
-        profiles_.back() = std::move(planned);
-      } else if (fresh.kept > 0) {
-        profiles_.back() = std::move(planned);  // nothing its steps may not allocate: kept as planned
-      }
-      plan_kind(profiles_.back(), std::move(uncredited), fresh);
-    }
+    if (plan_now) plan_record(profiles_.size() - 1);
   } else {
     check_gradient_credit(p);
+    if (diverged) plan_covering_record(p.signature);
   }
   if (std::optional<std::string> why = kinds_.give_up()) {
     warn("{}: memplan stops planning and runs plain PyTorch from here", *why);
@@ -821,6 +801,50 @@ bool Agent::cover_kind(const Profile& p, bool* plan_now) {
   return false;
 }
 
+// Plans the kind of record `i` (profiles_).
+void Agent::plan_record(size_t i) {
+  // A step of the kind may allocate gradients this record added into (kind_profile.h):
+  // the plan counts them. The record is replaced, so the profile file, the summary and the
+  // trace show what was planned.
+  FreshGradients fresh;
+  Profile planned = with_fresh_gradients(profiles_, i, &fresh, &began_without_);
+  std::shared_ptr<const Profile> uncredited;
+  if (fresh.kept > 0) {
+    info("step {} kept up to {} of gradients through its backward that step {} of the same kind "
+         "freed before it (zeroed between forward and backward): the plan counts them",
+         fresh.kept_from, format_bytes(fresh.kept), profiles_[i].step);
+  }
+  if (fresh.bytes > 0) {
+    info("step {} allocated {} of gradients that step {} of the same kind added into (gradient "
+         "accumulation): the plan counts them",
+         fresh.from_step, format_bytes(fresh.bytes), profiles_[i].step);
+    uncredited = std::make_shared<const Profile>(std::move(profiles_[i]));
+    profiles_[i] = std::move(planned);
+  } else if (fresh.kept > 0) {
+    profiles_[i] = std::move(planned);  // nothing its steps may not allocate: kept as planned
+  }
+  plan_kind(profiles_[i], std::move(uncredited), fresh, began_without_[i]);
+}
+
+// A step of kind `kind` diverged from the plan it replayed: if a record of that kind (recorded
+// whole before, as a warm-up step) runs the ops of a planned kind with others between (a layer
+// LayerDrop skipped in the planned one), it is planned now rather than after more records of its
+// own: its plan covers the smaller kinds, whose steps would diverge no more. (Waiting, each such
+// step was a miss, and a model skipping 30% of 6 layers gave up after four.)
+void Agent::plan_covering_record(uint64_t kind) {
+  if (kinds_.plan_of(kind) >= 0 || kinds_.covered(kind)) return;
+  for (size_t i = profiles_.size(); i-- > 0;) {
+    if (profiles_[i].signature != kind) continue;
+    bool plan_now = false;
+    if (!cover_kind(profiles_[i], &plan_now) && plan_now) {
+      info("step {} ran more ops than the plan it replayed, as recorded step {} did: that record is planned now",
+           steps_, profiles_[i].step);
+      plan_record(i);
+    }
+    return;
+  }
+}
+
 // A step recorded whole joins the records, with whether it began without gradients.
 void Agent::keep_record(Profile p) {
   profiles_.push_back(std::move(p));
@@ -855,7 +879,8 @@ void Agent::stop_observing() {
 
 // Kind `p.signature` is due a plan (StepKinds::finish); `p` is its latest whole record (with the
 // gradients of another record counted, `fresh`; `uncredited`: without).
-void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited, const FreshGradients& fresh) {
+void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited, const FreshGradients& fresh,
+                      int began_without) {
   if (phase_ == Phase::Warmup) nvtx::range_pop();  // memplan/warmup
   write_outputs();
   PlanRecord rec = make_plan(p);
@@ -863,7 +888,7 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
   rec.fresh_bytes = rec.uncredited ? fresh.bytes : 0;
   rec.fresh_from = fresh.from_step;
   rec.param = step_param_;
-  rec.began_with_grads = !began_without_.back();
+  rec.began_with_grads = began_without < 0 ? !began_without_.back() : began_without == 0;
   rec.rounds_at_plan = opt_rounds_;
   if (!plans_.empty()) {
     info("planned another kind of step ({} op sequences seen): each kind replays its own plan",
@@ -881,6 +906,14 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
                fmt::format("kind of step {:016x} runs the ops of kind {:016x} with others between (more layers, as "
                            "with LayerDrop): its plan replaces that kind's, leaving out the ops a step does not run",
                            made.kind, other.kind));
+    }
+  }
+  // And kinds recorded but not planned yet (a warm-up step that skipped a layer): no plan of
+  // their own either.
+  if (made.replayer) {
+    for (const Profile& r : profiles_) {
+      if (r.signature == made.kind || kinds_.plan_of(r.signature) >= 0 || kinds_.covered(r.signature)) continue;
+      if (OpSequence(r.forward).within(made.ops)) kinds_.set_cover(r.signature, made.kind);
     }
   }
   if (phase_ == Phase::Warmup) {

@@ -285,11 +285,19 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan)
 }
 
 bool Replayer::hold_externals(int64_t op) const {
+  if (ahead_ >= 0 && op != ahead_ && !diverged_ && static_cast<size_t>(ahead_) < hold_externals_.size() &&
+      hold_externals_[ahead_]) {
+    return true;
+  }
   return diverged_ || op < 0 || static_cast<size_t>(op) >= hold_externals_.size() || hold_externals_[op];
 }
 
 bool Replayer::wants_packs(int64_t step_op) const {
   const int64_t op = at(step_op);
+  if (ahead_ >= 0 && op != ahead_ && !diverged_ && static_cast<size_t>(ahead_) < wants_packs_.size() &&
+      wants_packs_[ahead_]) {
+    return true;
+  }
   return diverged_ || op < 0 || static_cast<size_t>(op) >= wants_packs_.size() || wants_packs_[op];
 }
 
@@ -454,8 +462,14 @@ const std::vector<char>& Replayer::written_args(const c10::FunctionSchema& schem
   return written_by_schema_.emplace(&schema, mutable_args(schema)).first->second;
 }
 
-void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool random) {
+void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool random, uint64_t hash) {
   const int64_t op = at(step_op);
+  // Not the profile's op here: perhaps the first after a stretch the step leaves out (skip_to at
+  // its end). Hash compares only: a mere guess, which only makes this op keep more.
+  ahead_ = -1;
+  if (!diverged_ && !any_size_ && op >= 0 && ops_.match(op, hash, 0) != OpSequence::Match::Same) {
+    ahead_ = next_same(op, hash);
+  }
   if (static_cast<size_t>(op) >= recipes_.size()) {
     recipes_.resize(op + 1);
     slots_.resize(op + 1);
@@ -572,6 +586,7 @@ bool Replayer::rebuildable(const TensorSource& src) const {
 
 void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool dropped, uint64_t hash, uint64_t structure) {
   int64_t op = at(step_op);
+  ahead_ = -1;
   if (op < 0 || static_cast<size_t>(op) >= recipes_.size()) return;
   if (dropped) {
     recipes_[op] = Recipe();
@@ -663,15 +678,16 @@ void Replayer::hold_after(int64_t op) {
   }
 }
 
+int64_t Replayer::next_same(int64_t op, uint64_t hash) const {
+  for (size_t q = static_cast<size_t>(op) + 1; q < ops_.size(); ++q) {
+    if (ops_.match(static_cast<int64_t>(q), hash, 0) == OpSequence::Match::Same) return static_cast<int64_t>(q);
+  }
+  return -1;
+}
+
 int64_t Replayer::skip_to(int64_t op, uint64_t hash, uint64_t structure) {
   if (ops_.match(op, hash, structure) != OpSequence::Match::Other) return op;
-  int64_t to = -1;
-  for (size_t q = static_cast<size_t>(op) + 1; q < ops_.size(); ++q) {
-    if (ops_.match(static_cast<int64_t>(q), hash, structure) == OpSequence::Match::Same) {
-      to = static_cast<int64_t>(q);
-      break;
-    }
-  }
+  const int64_t to = next_same(op, hash);
   if (to < 0) return op;
   const size_t need = static_cast<size_t>(to) + 1;
   if (recipes_.size() < need) {

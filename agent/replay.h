@@ -104,7 +104,8 @@ class Replayer {
   // A top-level forward op `op` (the recorder's index) starts / ends. `dropped` mirrors the
   // recorder leaving out an op with no tensor output; `hash` is the op's identity and
   // `structure` the same without sizes (op_hash.h).
-  void op_start(const at::RecordFunction& fn, int64_t op, bool random);
+  // `hash`: the op's identity (Recorder::current_identity).
+  void op_start(const at::RecordFunction& fn, int64_t op, bool random, uint64_t hash);
   void op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash, uint64_t structure);
   // An op is about to run: one the step does not record (under no_grad: a buffer or statistic a
   // module updates in its forward), or a recorded one (called from op_start). If it writes in
@@ -202,6 +203,8 @@ class Replayer {
   // layer) only mislabels ops, whose actions then fall elsewhere; every rebuild still re-runs the
   // step's own calls. Cost: a scan of the profile's ops, once per stretch left out.
   int64_t skip_to(int64_t op, uint64_t hash, uint64_t structure);
+  // The earliest profile op after `op` of identity `hash`, or -1. Cost: a scan of the profile.
+  int64_t next_same(int64_t op, uint64_t hash) const;
   void hold_after(int64_t op);
   int64_t planned_value(int64_t op, int64_t ordinal, const at::Tensor& t) const;
   TensorSource source_of(const at::Tensor& t, bool unknown_is_external);
@@ -279,6 +282,9 @@ class Replayer {
   bool drifted_ = false;  // this step ran with other sizes after a data-dependent shape (stats once)
   bool any_size_ = false; // this step may run every op at other sizes (begin_step)
   int64_t shift_ = 0;     // profile ops this step left out so far (skip_to)
+  // Where the running op would land past a gap (op_start's guess, from its identity; skip_to
+  // decides at its end), or -1: its recipe and packs are taken if either position needs them.
+  int64_t ahead_ = -1;
   bool follow_nodes_ = true;  // backward nodes still match the profile
   std::vector<Recipe> recipes_;
   std::vector<std::vector<Slot>> slots_;

@@ -93,6 +93,7 @@ class StepKinds {
   // that stops running a layer for good replays the larger plan too: within its budget, with
   // more recomputation than a plan of its own might need.)
   void set_cover(uint64_t kind, uint64_t by);
+  bool covered(uint64_t kind) const { return cover_.count(kind) > 0; }
 
   // Why to stop planning and run plain from here on; nullopt while the steps settle.
   std::optional<std::string> give_up() const;

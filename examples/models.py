@@ -165,6 +165,8 @@ class GPT2(nn.Module):
             blocks = self.blocks[: self.depth]
         if getattr(self, "repeat_last_block", False):
             blocks = list(blocks) + [self.blocks[-1]]
+        if getattr(self, "dropped_blocks", None):
+            blocks = [b for i, b in enumerate(blocks) if i not in self.dropped_blocks]
         for blk in blocks:
             x = blk(x)
         if shift == "late":  # at the end of the forward, after the blocks' values were evicted

@@ -88,6 +88,9 @@ def parse():
     p.add_argument("--depth-random", action="store_true",
                    help="GPT-2: each step runs a pseudo-random number of its blocks (LayerDrop-like: "
                         "steps alike at their start, of different op sequences)")
+    p.add_argument("--layerdrop", type=float, default=0.0,
+                   help="GPT-2: each step skips each block with this probability, independently (fairseq's "
+                        "LayerDrop; pseudo-random, the same every run)")
     p.add_argument("--pos-first", action="store_true",
                    help="GPT-2: the position table sliced before the token embedding, so that the "
                         "step's first op reads a fixed-shape parameter whatever the length")
@@ -378,6 +381,9 @@ def main():
             inner.skip_last_block = step >= args.skip_block_at
         if args.repeat_block_at >= 0:
             inner.repeat_last_block = step >= args.repeat_block_at
+        if args.layerdrop > 0:
+            draw = random.Random(4000 + 1000 * args.seed + step)
+            inner.dropped_blocks = {i for i in range(len(inner.blocks)) if draw.random() < args.layerdrop}
         if args.depth_random:
             inner.depth = random.Random(2000 + step).randrange(1, len(inner.blocks) + 1)
         if not args.zero_grad_late:
