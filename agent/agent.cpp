@@ -787,7 +787,10 @@ bool Agent::cover_kind(const Profile& p, bool* plan_now) {
   PlanRecord self;
   self.ops = OpSequence(p.forward);
   for (const PlanRecord& rec : plans_) {
-    if (rec.kind == p.signature || kinds_.plan_of(rec.kind) != &rec - plans_.data()) continue;
+    // (A kind's current plan, not one a larger kind's plan replaced.)
+    if (rec.kind == p.signature || kinds_.plan_of(rec.kind) != &rec - plans_.data() || kinds_.covered(rec.kind)) {
+      continue;
+    }
     if (covers(rec, self)) {
       kinds_.set_cover(p.signature, rec.kind);
       log_once("covered", LogLevel::Info,
@@ -1231,24 +1234,17 @@ std::string Agent::replay_summary(const PlanRecord& rec, const std::string& titl
                      format_bytes(p.predicted_peak),
                      p.predicted_peak > 0 ? 100.0 * (static_cast<double>(med) / p.predicted_peak - 1.0) : 0.0));
   }
-  if (!st.family_peak.empty()) {
+  // Steps measured apart (not of the plan's own ops): how many, and the highest peak.
+  auto apart = [&](const std::vector<int64_t>& peak, const std::vector<int64_t>& baseline, const char* what) {
+    if (peak.empty()) return;
     int64_t worst = 0;
-    for (size_t i = 0; i < st.family_peak.size(); ++i) {
-      worst = std::max(worst, st.family_peak[i] - st.family_baseline[i] + p.baseline);
-    }
-    line(fmt::format("and {} step(s) of the same ops at other sizes, with no plan of their own: measured peak "
-                     "at most {} (on the profile's baseline; {:.0f}% of this plan's activations)",
-                     st.family_peak.size(), format_bytes(worst), pct(worst)));
-  }
-  if (!st.gapped_peak.empty()) {
-    int64_t worst = 0;
-    for (size_t i = 0; i < st.gapped_peak.size(); ++i) {
-      worst = std::max(worst, st.gapped_peak[i] - st.gapped_baseline[i] + p.baseline);
-    }
-    line(fmt::format("and {} step(s) that left out some of its ops (a layer skipped) and replayed the rest: "
-                     "measured peak at most {} (on the profile's baseline; {:.0f}% of this plan's activations)",
-                     st.gapped_peak.size(), format_bytes(worst), pct(worst)));
-  }
+    for (size_t i = 0; i < peak.size(); ++i) worst = std::max(worst, peak[i] - baseline[i] + p.baseline);
+    line(fmt::format("and {} step(s) {}: measured peak at most {} (on the profile's baseline; {:.0f}% of this "
+                     "plan's activations)",
+                     peak.size(), what, format_bytes(worst), pct(worst)));
+  };
+  apart(st.family_peak, st.family_baseline, "of the same ops at other sizes, with no plan of their own");
+  apart(st.gapped_peak, st.gapped_baseline, "that left out some of its ops (a layer skipped) and replayed the rest");
   if (!rec.iteration_us.empty()) {
     line(fmt::format("replayed iterations: {:.2f} ms (median wall time, optimizer and data included), of which "
                      "{:.3f} ms in the agent's callbacks (recording, replay, planned rebuilds)",

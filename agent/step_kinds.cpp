@@ -57,7 +57,12 @@ std::optional<uint64_t> StepKinds::predict(uint64_t first_op) const {
 StepKinds::Choice StepKinds::next(const FirstOp& first) const {
   Choice c;
   if (std::optional<uint64_t> kind = predict(first.identity)) {
-    if (auto by = cover_.find(*kind); by != cover_.end()) kind = by->second;
+    // (set_cover keeps chains one long; followed all the same, as far as there are kinds.)
+    for (size_t hops = 0; hops <= cover_.size(); ++hops) {
+      auto by = cover_.find(*kind);
+      if (by == cover_.end()) break;
+      kind = by->second;
+    }
     c.kind = *kind;
     auto it = kinds_.find(*kind);
     if (it != kinds_.end() && it->second.plan >= 0) {
@@ -140,6 +145,11 @@ size_t StepKinds::families() const {
 }
 
 void StepKinds::set_cover(uint64_t kind, uint64_t by) {
+  for (size_t hops = 0; hops <= cover_.size(); ++hops) {  // `by` covered itself: its cover
+    auto it = cover_.find(by);
+    if (it == cover_.end()) break;
+    by = it->second;
+  }
   if (kind == by) return;
   cover_[kind] = by;
   // Kinds `kind` covered are covered by `by` now (a kind covers no kind that covers it: the
