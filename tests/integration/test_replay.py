@@ -457,22 +457,23 @@ def test_a_step_that_leaves_out_a_layer_replays_the_plan_of_the_ops_it_runs(runn
 
 
 def test_layerdrop_steps_replay_the_plan_of_the_deepest_step(runner, plain_runs):
-    # Each step runs a pseudo-random number of the model's blocks (LayerDrop-like). A deeper step
-    # than the planned one diverges and is planned at its first record; its plan replaces those of
-    # the shallower kinds, whose steps replay it with the missing blocks' ops left out. This used
-    # to make a new kind of step nearly every step, and give up after 4 wrong guesses in 16
+    # Each step runs a pseudo-random number of the model's blocks (LayerDrop-like: 4, 1, 1, 1, 1,
+    # 4, ...). The warm-up plans its last step (1 block); step 5 (4 blocks) diverges from that
+    # plan, and the warm-up's 4-block record (step 0) is planned at once; its plan replaces the
+    # 1-block one, and every later step replays it with the missing blocks' ops left out. This
+    # used to make a new kind of step nearly every step, and give up after 4 wrong guesses in 16
     # steps ("memplan stops planning").
     extra = ["--steps", "24", "--depth-random"]
     p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
     assert "memplan stops planning" not in p.stderr
-    assert report["step_kinds"]["misses"] <= 3, report["step_kinds"]  # one per deeper kind, at most
+    assert report["step_kinds"]["misses"] <= 2, report["step_kinds"]
     deepest = max(report["plans"], key=lambda q: q["unplanned_peak_bytes"])
     peaks = gapped_peaks(report, deepest["index"])
     assert len(peaks) >= 5 and max(peaks) <= deepest["budget_bytes"], peaks
     own, _ = plan_peaks(report, deepest["index"])
     assert own and max(own) <= deepest["budget_bytes"], own
-    # Once the deepest kind is planned (step 13 of this sequence), every step replays its plan.
-    assert len(own) + len(peaks) >= 24 - 14
+    # Once the deepest kind is planned (after step 5), every step replays its plan.
+    assert len(own) + len(peaks) >= 24 - 8
     assert sum(len(plan_peaks(report, q["index"])[0]) + len(gapped_peaks(report, q["index"]))
                for q in report["plans"]) >= 24 - 12
 
