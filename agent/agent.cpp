@@ -696,8 +696,18 @@ void Agent::end_step(Profile p) {
     return;
   }
   const bool diverged = replayer_ != nullptr && replayer_->diverged();
-  // Ran its plan's ops with stretches left out (Replayer::skip_to), none of them other.
-  const bool gapped = replayer_ != nullptr && !diverged && replayer_->gapped();
+  // Ran its plan's ops with stretches left out (Replayer::skip_to), none of them other, and the
+  // plan's evictions all took place. One that refused some is a kind of its own after all,
+  // recorded and planned as before (uncoverable_): the greedy match lined its ops up with ops
+  // the plan made no recipes for.
+  bool gapped = replayer_ != nullptr && !diverged && replayer_->gapped();
+  if (gapped && replayer_->refused() > 0 && p.signature != choice_.kind) {
+    gapped = false;
+    uncoverable_.insert(p.signature);
+    log_once("gap-refused", LogLevel::Info,
+             "a step that left out some of its plan's ops could not evict what the plan evicts from the ops it ran: "
+             "its kind of step is profiled and planned on its own");
+  }
   bool other_kind = false;  // ran other ops than its kind's, undetected while it ran
   if (!choice_.profile && !diverged && p.signature != choice_.kind) {  // (a divergence says so itself)
     // The same ops with other sizes, in a kind whose ops' sizes follow from data (a loss over the
@@ -783,7 +793,7 @@ bool Agent::covers(const PlanRecord& by, const PlanRecord& kind) const {
 // (StepKinds::set_cover) and true; if it runs the ops of a planned kind with others between
 // (more layers), it is due a plan now (*plan_now), which replaces theirs (plan_kind).
 bool Agent::cover_kind(const Profile& p, bool* plan_now) {
-  if (kinds_.plan_of(p.signature) >= 0) return false;
+  if (kinds_.plan_of(p.signature) >= 0 || uncoverable_.count(p.signature)) return false;
   PlanRecord self;
   self.ops = OpSequence(p.forward);
   for (const PlanRecord& rec : plans_) {
@@ -903,7 +913,7 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
   const PlanRecord& made = plans_.back();
   for (const PlanRecord& other : plans_) {
     if (&other != &made && other.kind != made.kind && kinds_.plan_of(other.kind) == &other - plans_.data() &&
-        covers(made, other)) {
+        !uncoverable_.count(other.kind) && covers(made, other)) {
       kinds_.set_cover(other.kind, made.kind);
       log_once("cover", LogLevel::Info,
                fmt::format("kind of step {:016x} runs the ops of kind {:016x} with others between (more layers, as "
@@ -915,7 +925,10 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
   // their own either.
   if (made.replayer) {
     for (const Profile& r : profiles_) {
-      if (r.signature == made.kind || kinds_.plan_of(r.signature) >= 0 || kinds_.covered(r.signature)) continue;
+      if (r.signature == made.kind || kinds_.plan_of(r.signature) >= 0 || kinds_.covered(r.signature) ||
+          uncoverable_.count(r.signature)) {
+        continue;
+      }
       if (OpSequence(r.forward).within(made.ops)) kinds_.set_cover(r.signature, made.kind);
     }
   }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "agent/replay.h"
@@ -216,6 +217,9 @@ class Agent final : public OpSink {
   bool step_began_without_ = false;     // the running step began with no gradients
   bool graph_kept_ = false;             // the running step's backward keeps its graph
   std::vector<char> began_without_;     // the same, per record in profiles_
+  // Kinds whose steps replayed a covering plan with gaps but refused some of its evictions
+  // (end_step): planned on their own, never covered.
+  std::unordered_set<uint64_t> uncoverable_;
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;
   bool our_hooks_on_top() const;

@@ -180,6 +180,10 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan)
     : plan_(std::move(plan)), ops_(profile.forward) {
   const size_t n = profile.forward.size();
   for (const Op& node : profile.backward) node_names_.push_back(node.name);
+  makes_nodes_.assign(profile.forward.size(), 0);
+  for (const Op& node : profile.backward) {
+    if (node.fwd_op >= 0 && static_cast<size_t>(node.fwd_op) < makes_nodes_.size()) makes_nodes_[node.fwd_op] = 1;
+  }
   // Inputs and parameters the profiled step wrote in place (a buffer a backward hook updates, a
   // parameter an optimizer step in backward updates; unseen by the write guard while forward
   // callbacks are paused): copied when a recipe captures them, for the ops a planned recompute
@@ -346,6 +350,7 @@ void Replayer::begin_step(bool any_size) {
   drifted_ = false;
   any_size_ = any_size;
   shift_ = 0;
+  refused_ = 0;
   if (any_size) ++stats_.family_steps;
   follow_nodes_ = true;
   recipes_.clear();
@@ -718,10 +723,14 @@ int64_t Replayer::skip_to(int64_t op, uint64_t hash, uint64_t structure) {
     evict_after(q);
     hold_after(q);
   }
-  // Backward nodes are numbered as they run: after a gap they no longer line up with the
-  // profile's. Planned recomputes hang on the nodes themselves (node_hook); the few driven by
-  // node callbacks are left to on-demand rebuilds.
-  follow_nodes_ = false;
+  // Backward nodes are numbered as they run: after a gap that made some (a layer) they no longer
+  // line up with the profile's. Planned recomputes hang on the nodes themselves (node_hook); the
+  // few driven by node callbacks are left to on-demand rebuilds, and the holds those callbacks
+  // release go at the step's end. Left-out ops that made no node (a batch's `set_` from a
+  // DataLoader worker, in some steps only) leave the backward as profiled: followed as planned.
+  for (int64_t q = op; q < to; ++q) {
+    if (static_cast<size_t>(q) < makes_nodes_.size() && makes_nodes_[q]) follow_nodes_ = false;
+  }
   if (shift_ == 0) ++stats_.gapped_steps;
   shift_ += to - op;
   log_once("gap", LogLevel::Info,
@@ -864,12 +873,14 @@ void Replayer::evict_after(int64_t op) {
     each_resident(handles_, v, [&](SavedState& s) {
       if (s.source.kind == TensorSource::Kind::External || !rebuildable(s.source)) {
         ++stats_.not_rebuildable;
+        ++refused_;
         return;
       }
       if (changed) {
         std::vector<char> seen(recipes_.size(), 0);
         if (const at::Tensor* w = chain_reads_changed_external(s.source, seen, 0)) {
           ++stats_.not_rebuildable;
+          ++refused_;
           if (w->defined()) {
             log_once("external-written", LogLevel::Info,
                      fmt::format("an input of a recomputable op ({} {}) was written in place during the step, "

@@ -79,6 +79,11 @@ class Replayer {
   bool diverged() const { return diverged_; }
   // This step left out some of the profile's ops and ran the rest in order (skip_to).
   bool gapped() const { return shift_ > 0; }
+  // Planned evictions this step refused (no recipe for the value's chain, or it reads an
+  // external written since): in a gapped step, a sign that the greedy match put ops where the
+  // plan made no recipes (a DataLoader's batch `set_` twice where the profile ran it four times:
+  // matched to the first two, whose outputs the plan never re-made).
+  int64_t refused() const { return refused_; }
   ReplayStats& stats() { return stats_; }
 
   // `any_size`: the step runs the profile's ops at other sizes (a sequence length of the same
@@ -239,6 +244,7 @@ class Replayer {
   OpSequence ops_;                     // the profile's forward ops, as identities
   int64_t first_action_op_ = -1;
   std::vector<std::string> node_names_;                       // per profile backward node
+  std::vector<char> makes_nodes_;                             // per fwd op: some backward node is its
   std::vector<std::vector<int64_t>> evict_after_;             // per fwd op: values to evict
   std::vector<std::vector<int64_t>> hold_from_;               // per fwd op: values to hold
   std::vector<std::vector<int64_t>> compact_after_;           // per fwd op: masks to compact
@@ -282,6 +288,7 @@ class Replayer {
   bool drifted_ = false;  // this step ran with other sizes after a data-dependent shape (stats once)
   bool any_size_ = false; // this step may run every op at other sizes (begin_step)
   int64_t shift_ = 0;     // profile ops this step left out so far (skip_to)
+  int64_t refused_ = 0;   // evictions refused this step (refused())
   // Where the running op would land past a gap (op_start's guess, from its identity; skip_to
   // decides at its end), or -1: its recipe and packs are taken if either position needs them.
   int64_t ahead_ = -1;
