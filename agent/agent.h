@@ -133,8 +133,8 @@ class Agent final : public OpSink {
   void plan_covering_record(uint64_t kind);
   // `began_without`: whether record `p` began without gradients (began_without_'s entry for it;
   // -1: the latest record's).
-  void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited = nullptr, const FreshGradients& fresh = {},
-                 int began_without = -1);
+  void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited = nullptr,
+                 const FreshGradients& fresh = {}, int began_without = -1);
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);
   void said_graph_kept();

@@ -128,7 +128,8 @@ bool StepKinds::finish(const Choice& c, uint64_t signature, const FirstOp& first
   if (!c.profile) return false;
   ++k.profiled;
   ++recorded_;
-  return k.plan < 0 && !cover_.count(signature) && (k.profiled >= warmup_ || (!any_plan_ && recorded_ >= warmup_) || c.plan_at_once);
+  return k.plan < 0 && !cover_.count(signature) &&
+         (k.profiled >= warmup_ || (!any_plan_ && recorded_ >= warmup_) || c.plan_at_once);
 }
 
 size_t StepKinds::families() const {
