@@ -247,9 +247,10 @@ void Agent::op_start(const at::RecordFunction& fn) {
     // Its size, while the step's kind is undecided (narrow_kinds): the inputs are gone at the end.
     if (!undecided_.empty()) op_numel_ = input_numel(fn);
     bool wants_packs = false;
-    const uint64_t hash = recorder_.current_identity(fn);
+    uint64_t structure = 0;
+    const uint64_t hash = recorder_.current_identity(fn, &structure);
     each_replayer([&](Replayer& r) {
-      r.op_start(fn, op, recorder_.current_random(), hash);
+      r.op_start(fn, op, recorder_.current_random(), hash, structure);
       wants_packs = wants_packs || r.wants_packs(op);
     });
     // An op that saves nothing the plan evicts (every op, in a step of a kind whose plan has no
@@ -698,12 +699,12 @@ void Agent::end_step(Profile p) {
   const bool diverged = replayer_ != nullptr && replayer_->diverged();
   // Ran its plan's ops with stretches left out (Replayer::skip_to), none of them other, and the
   // plan's evictions all took place. One that refused some is a kind of its own after all,
-  // recorded and planned as before (uncoverable_): the greedy match lined its ops up with ops
+  // recorded and planned as before (StepKinds::never_cover): the greedy match lined its ops up with ops
   // the plan made no recipes for.
   bool gapped = replayer_ != nullptr && !diverged && replayer_->gapped();
   if (gapped && replayer_->refused() > 0 && p.signature != choice_.kind) {
     gapped = false;
-    uncoverable_.insert(p.signature);
+    kinds_.never_cover(p.signature);
     log_once("gap-refused", LogLevel::Info,
              "a step that left out some of its plan's ops could not evict what the plan evicts from the ops it ran: "
              "its kind of step is profiled and planned on its own");
@@ -793,7 +794,7 @@ bool Agent::covers(const PlanRecord& by, const PlanRecord& kind) const {
 // (StepKinds::set_cover) and true; if it runs the ops of a planned kind with others between
 // (more layers), it is due a plan now (*plan_now), which replaces theirs (plan_kind).
 bool Agent::cover_kind(const Profile& p, bool* plan_now) {
-  if (kinds_.plan_of(p.signature) >= 0 || uncoverable_.count(p.signature)) return false;
+  if (kinds_.plan_of(p.signature) >= 0 || !kinds_.coverable(p.signature)) return false;
   PlanRecord self;
   self.ops = OpSequence(p.forward);
   for (const PlanRecord& rec : plans_) {
@@ -836,7 +837,7 @@ void Agent::plan_record(size_t i) {
   } else if (fresh.kept > 0) {
     profiles_[i] = std::move(planned);  // nothing its steps may not allocate: kept as planned
   }
-  plan_kind(profiles_[i], std::move(uncredited), fresh, began_without_[i]);
+  plan_kind(profiles_[i], std::move(uncredited), fresh, began_without_[i] != 0);
 }
 
 // A step of kind `kind` diverged from the plan it replayed: if a record of that kind (recorded
@@ -893,7 +894,7 @@ void Agent::stop_observing() {
 // Kind `p.signature` is due a plan (StepKinds::finish); `p` is its latest whole record (with the
 // gradients of another record counted, `fresh`; `uncredited`: without).
 void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited, const FreshGradients& fresh,
-                      int began_without) {
+                      bool began_without) {
   if (phase_ == Phase::Warmup) nvtx::range_pop();  // memplan/warmup
   write_outputs();
   PlanRecord rec = make_plan(p);
@@ -901,7 +902,7 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
   rec.fresh_bytes = rec.uncredited ? fresh.bytes : 0;
   rec.fresh_from = fresh.from_step;
   rec.param = step_param_;
-  rec.began_with_grads = began_without < 0 ? !began_without_.back() : began_without == 0;
+  rec.began_with_grads = !began_without;
   rec.rounds_at_plan = opt_rounds_;
   if (!plans_.empty()) {
     info("planned another kind of step ({} op sequences seen): each kind replays its own plan",
@@ -913,8 +914,7 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
   const PlanRecord& made = plans_.back();
   for (const PlanRecord& other : plans_) {
     if (&other != &made && other.kind != made.kind && kinds_.plan_of(other.kind) == &other - plans_.data() &&
-        !uncoverable_.count(other.kind) && covers(made, other)) {
-      kinds_.set_cover(other.kind, made.kind);
+        covers(made, other) && kinds_.set_cover(other.kind, made.kind)) {
       log_once("cover", LogLevel::Info,
                fmt::format("kind of step {:016x} runs the ops of kind {:016x} with others between (more layers, as "
                            "with LayerDrop): its plan replaces that kind's, leaving out the ops a step does not run",
@@ -925,10 +925,7 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
   // their own either.
   if (made.replayer) {
     for (const Profile& r : profiles_) {
-      if (r.signature == made.kind || kinds_.plan_of(r.signature) >= 0 || kinds_.covered(r.signature) ||
-          uncoverable_.count(r.signature)) {
-        continue;
-      }
+      if (r.signature == made.kind || kinds_.plan_of(r.signature) >= 0 || kinds_.covered(r.signature)) continue;
       if (OpSequence(r.forward).within(made.ops)) kinds_.set_cover(r.signature, made.kind);
     }
   }

@@ -12,7 +12,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "agent/replay.h"
@@ -131,10 +130,9 @@ class Agent final : public OpSink {
   bool cover_kind(const Profile& p, bool* plan_now);
   void plan_record(size_t i);
   void plan_covering_record(uint64_t kind);
-  // `began_without`: whether record `p` began without gradients (began_without_'s entry for it;
-  // -1: the latest record's).
-  void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited = nullptr,
-                 const FreshGradients& fresh = {}, int began_without = -1);
+  // `began_without`: record `p` began without gradients (its began_without_ entry).
+  void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited, const FreshGradients& fresh,
+                 bool began_without);
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);
   void said_graph_kept();
@@ -217,9 +215,6 @@ class Agent final : public OpSink {
   bool step_began_without_ = false;     // the running step began with no gradients
   bool graph_kept_ = false;             // the running step's backward keeps its graph
   std::vector<char> began_without_;     // the same, per record in profiles_
-  // Kinds whose steps replayed a covering plan with gaps but refused some of its evictions
-  // (end_step): planned on their own, never covered.
-  std::unordered_set<uint64_t> uncoverable_;
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;
   bool our_hooks_on_top() const;

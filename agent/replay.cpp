@@ -288,20 +288,18 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan)
   }
 }
 
+bool Replayer::ahead_in(int64_t op, const std::vector<char>& per_op) const {
+  return ahead_ >= 0 && op != ahead_ && !diverged_ && static_cast<size_t>(ahead_) < per_op.size() && per_op[ahead_];
+}
+
 bool Replayer::hold_externals(int64_t op) const {
-  if (ahead_ >= 0 && op != ahead_ && !diverged_ && static_cast<size_t>(ahead_) < hold_externals_.size() &&
-      hold_externals_[ahead_]) {
-    return true;
-  }
+  if (ahead_in(op, hold_externals_)) return true;
   return diverged_ || op < 0 || static_cast<size_t>(op) >= hold_externals_.size() || hold_externals_[op];
 }
 
 bool Replayer::wants_packs(int64_t step_op) const {
   const int64_t op = at(step_op);
-  if (ahead_ >= 0 && op != ahead_ && !diverged_ && static_cast<size_t>(ahead_) < wants_packs_.size() &&
-      wants_packs_[ahead_]) {
-    return true;
-  }
+  if (ahead_in(op, wants_packs_)) return true;
   return diverged_ || op < 0 || static_cast<size_t>(op) >= wants_packs_.size() || wants_packs_[op];
 }
 
@@ -467,12 +465,14 @@ const std::vector<char>& Replayer::written_args(const c10::FunctionSchema& schem
   return written_by_schema_.emplace(&schema, mutable_args(schema)).first->second;
 }
 
-void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool random, uint64_t hash) {
+void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool random, uint64_t hash,
+                        uint64_t structure) {
   const int64_t op = at(step_op);
-  // Not the profile's op here: perhaps the first after a stretch the step leaves out (skip_to at
-  // its end). Hash compares only: a mere guess, which only makes this op keep more.
+  // Not the profile's op here, by skip_to's own test: perhaps the first after a stretch the step
+  // leaves out (skip_to decides at its end). A guess, which only makes this op keep more; the
+  // same op at other sizes after a data-dependent shape (Drift) is no candidate, and costs no scan.
   ahead_ = -1;
-  if (!diverged_ && !any_size_ && op >= 0 && ops_.match(op, hash, 0) != OpSequence::Match::Same) {
+  if (!diverged_ && !any_size_ && op >= 0 && ops_.match(op, hash, structure) == OpSequence::Match::Other) {
     ahead_ = next_same(op, hash);
   }
   if (static_cast<size_t>(op) >= recipes_.size()) {

@@ -109,8 +109,8 @@ class Replayer {
   // A top-level forward op `op` (the recorder's index) starts / ends. `dropped` mirrors the
   // recorder leaving out an op with no tensor output; `hash` is the op's identity and
   // `structure` the same without sizes (op_hash.h).
-  // `hash`: the op's identity (Recorder::current_identity).
-  void op_start(const at::RecordFunction& fn, int64_t op, bool random, uint64_t hash);
+  // `hash`, `structure`: the op's identity and structure hashes (Recorder::current_identity).
+  void op_start(const at::RecordFunction& fn, int64_t op, bool random, uint64_t hash, uint64_t structure);
   void op_end(const at::RecordFunction& fn, int64_t op, bool dropped, uint64_t hash, uint64_t structure);
   // An op is about to run: one the step does not record (under no_grad: a buffer or statistic a
   // module updates in its forward), or a recorded one (called from op_start). If it writes in
@@ -210,6 +210,8 @@ class Replayer {
   int64_t skip_to(int64_t op, uint64_t hash, uint64_t structure);
   // The earliest profile op after `op` of identity `hash`, or -1. Cost: a scan of the profile.
   int64_t next_same(int64_t op, uint64_t hash) const;
+  // Whether op_start's guess `ahead_` (not `op`) is an op that `per_op` marks.
+  bool ahead_in(int64_t op, const std::vector<char>& per_op) const;
   void hold_after(int64_t op);
   int64_t planned_value(int64_t op, int64_t ordinal, const at::Tensor& t) const;
   TensorSource source_of(const at::Tensor& t, bool unknown_is_external);

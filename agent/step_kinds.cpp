@@ -145,19 +145,21 @@ size_t StepKinds::families() const {
   return alone + seen.size();
 }
 
-void StepKinds::set_cover(uint64_t kind, uint64_t by) {
+bool StepKinds::set_cover(uint64_t kind, uint64_t by) {
+  if (uncoverable_.count(kind)) return false;
   for (size_t hops = 0; hops <= cover_.size(); ++hops) {  // `by` covered itself: its cover
     auto it = cover_.find(by);
     if (it == cover_.end()) break;
     by = it->second;
   }
-  if (kind == by) return;
+  if (kind == by) return false;
   cover_[kind] = by;
   // Kinds `kind` covered are covered by `by` now (a kind covers no kind that covers it: the
   // relation is an order on op sequences, and a kind is planned once).
   for (auto& [k, c] : cover_) {
     if (c == kind) c = by;
   }
+  return true;
 }
 
 void StepKinds::set_plan(uint64_t kind, int plan) {

@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace memplan {
@@ -92,8 +93,16 @@ class StepKinds {
   // be a new kind nearly every step, each profiled and planned, until memplan gave up. (A model
   // that stops running a layer for good replays the larger plan too: within its budget, with
   // more recomputation than a plan of its own might need.)
-  void set_cover(uint64_t kind, uint64_t by);
+  // False, and nothing set, for a kind never_cover named.
+  bool set_cover(uint64_t kind, uint64_t by);
   bool covered(uint64_t kind) const { return cover_.count(kind) > 0; }
+  // Kind `kind` replayed a covering plan with gaps and had to refuse some of its evictions
+  // (Agent::end_step): it is planned on its own from now on, never covered.
+  void never_cover(uint64_t kind) {
+    cover_.erase(kind);
+    uncoverable_.insert(kind);
+  }
+  bool coverable(uint64_t kind) const { return uncoverable_.count(kind) == 0; }
 
   // Why to stop planning and run plain from here on; nullopt while the steps settle.
   std::optional<std::string> give_up() const;
@@ -126,6 +135,7 @@ class StepKinds {
   std::unordered_map<uint64_t, Kind> kinds_;
   int64_t misses_total_ = 0;
   std::unordered_map<uint64_t, uint64_t> cover_;  // kind -> the kind whose plan it replays
+  std::unordered_set<uint64_t> uncoverable_;       // never_cover
   int recorded_ = 0;         // steps recorded whole, all kinds
   bool any_plan_ = false;
 };

@@ -64,9 +64,13 @@ class Recorder {
   // The same identity hash, of an op about to run (its name, overload and inputs' dtypes and
   // shapes): for any op, in any mode. Cost: one pass over the inputs' shapes, no allocation.
   static uint64_t identity_hash(const at::RecordFunction& fn, uint64_t* structure = nullptr);
-  // The running op's identity hash (`fn` is it): light mode has it already; a full record
-  // computes it (identity_hash's cost).
-  uint64_t current_identity(const at::RecordFunction& fn) const { return light_ ? light_hash_ : identity_hash(fn); }
+  // The running op's identity and structure hashes (`fn` is it): light mode has them already; a
+  // full record computes them (identity_hash's cost).
+  uint64_t current_identity(const at::RecordFunction& fn, uint64_t* structure) const {
+    if (!light_) return identity_hash(fn, structure);
+    *structure = light_structure_;
+    return light_hash_;
+  }
   // Name of the running backward node (valid until the next node starts).
   const char* current_node_name() const { return current_node_name_; }
 

@@ -371,6 +371,12 @@ TEST(StepKinds, ACoveredKindReplaysThePlanThatCoversIt) {
   EXPECT_EQ(k.next(alike(A)).plan, 2);
   StepKinds::Choice rec;  // recorded whole (profile)
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(k.finish(rec, A, alike(A), false));
+  // A kind whose gapped steps refused evictions is planned on its own: no cover, now or later.
+  k.never_cover(A);
+  EXPECT_FALSE(k.covered(A));
+  EXPECT_FALSE(k.set_cover(A, C));
+  EXPECT_FALSE(k.covered(A));
+  EXPECT_EQ(k.next(alike(A)).plan, 0);  // its own plan again (the history's last kind is A)
 }
 
 TEST(StepKinds, AGappedStepThatDivergedIsAMiss) {
