@@ -739,6 +739,7 @@ void Agent::end_step(Profile p) {
       st.gapped_peak.push_back(p.peak_bytes);
       st.gapped_baseline.push_back(p.baseline_bytes);
       st.callback_us.push_back(p.overhead_us);
+      st.callback_steps.push_back(p.step);
       if (recorder_.light()) ++st.light_steps;
     } else if (!diverged) {
       if (!replay_profile_ && !recorder_.light()) {  // (light: the step's kind was decided late)
@@ -750,6 +751,7 @@ void Agent::end_step(Profile p) {
       (choice_.family ? st.family_peak : st.measured_peak).push_back(p.peak_bytes);
       (choice_.family ? st.family_baseline : st.measured_baseline).push_back(p.baseline_bytes);
       st.callback_us.push_back(p.overhead_us);
+      st.callback_steps.push_back(p.step);
       if (recorder_.light()) ++st.light_steps;
       if (log_enabled(LogLevel::Debug)) {
         debug("replayed step {}: peak {} at {}", p.step, format_bytes(p.peak_bytes), peak_location(p));
@@ -1187,7 +1189,8 @@ void Agent::write_report(const std::string& path) const {
                     {"compacted", st.compacted}, {"compact_refused", st.compact_refused},
                     {"expanded", st.expanded}, {"tail_reruns", st.tail_reruns},
                     {"measured_peak_bytes", st.measured_peak}, {"measured_baseline_bytes", st.measured_baseline},
-                    {"callback_us", st.callback_us}, {"light_steps", st.light_steps},
+                    {"callback_us", st.callback_us}, {"callback_steps", st.callback_steps},
+                    {"light_steps", st.light_steps},
                     {"node_hooks", st.node_hooks}, {"snapshots", st.snapshots}, {"drifted", st.drifted},
                     {"family_steps", st.family_steps}, {"family_peak_bytes", st.family_peak},
                     {"family_baseline_bytes", st.family_baseline},

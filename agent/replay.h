@@ -58,6 +58,7 @@ struct ReplayStats {
   // Per replayed step: time inside the agent's callbacks (record, replay, rebuilds), us. Not the
   // dispatcher's cost of calling them (boxing the top-level op's arguments) nor Python's.
   std::vector<double> callback_us;
+  std::vector<int64_t> callback_steps;  // the step number of each (benchmarks group steps by it)
   int64_t light_steps = 0;  // replayed steps recorded light (Recorder::set_light)
   int64_t node_hooks = 0;   // planned recomputes started from a hook on their autograd Node
   int64_t snapshots = 0;    // inputs or parameters copied when captured, as a write would follow

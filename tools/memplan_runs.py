@@ -45,10 +45,11 @@ def discard(result):
 
 
 def run(model, steps, budget=None, memplan=True, extra_args=(), python=sys.executable, warmup=2,
-        quiet=True, workdir=None, plan=None):
+        quiet=True, workdir=None, plan=None, prefix=()):
     """One run. budget=None with memplan=True profiles only; plan: a plan file to replay
     (MEMPLAN_PLAN) instead of planning. workdir: where the run's files go (kept); by default a
-    scratch directory deleted at exit. Returns a dict of what it measured."""
+    scratch directory deleted at exit. prefix: a command the run goes through (["taskset", "-c",
+    "0"]). Returns a dict of what it measured."""
     work = Path(workdir) if workdir else _new_workdir()
     args = [str(python), str(TRAIN), "--model", model, "--steps", str(steps), "--dump", "dump.pt",
             "--times", "times.json", *extra_args]
@@ -59,13 +60,14 @@ def run(model, steps, budget=None, memplan=True, extra_args=(), python=sys.execu
         env["MEMPLAN_PLAN"] = str(Path(plan).resolve())
     if quiet:
         env["MEMPLAN_SUMMARY"] = 0
-    cmd = [str(LAUNCHER), *args] if memplan else args
+    cmd = [*prefix, *([str(LAUNCHER), *args] if memplan else args)]
     p = subprocess.run(cmd, cwd=work, env=_env(env), capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit status {p.returncode}):\n{p.stderr[-4000:]}")
     out = {"dir": work, "stdout": p.stdout, "stderr": p.stderr}
     times = json.loads((work / "times.json").read_text())
     # Steps before and at the plan are warm-up; time the ones after.
+    out["times"] = times
     out["step_s"] = statistics.median(times[warmup + 1:]) if len(times) > warmup + 1 else statistics.median(times)
     rep = work / "report.json"
     if memplan and rep.exists():

@@ -119,6 +119,8 @@ def test_gpt2_budget_actually_lowers_the_peak(runner, plain_runs):
     # long the agent's callbacks took in it.
     assert [r["light_steps"] for r in report["replay"]] == [r["steps"] - 1 for r in report["replay"]]
     assert all(len(r["callback_us"]) == r["steps"] and min(r["callback_us"]) > 0 for r in report["replay"])
+    # ... and which step that was: every one after the warm-up (2 steps), in order.
+    assert [s for r in report["replay"] for s in r["callback_steps"]] == list(range(2, STEPS))
     # Planned recomputes start from pre-hooks on their autograd Nodes (the node callbacks are off
     # in light steps): every one of them, in every step, since none was left to on-demand above.
     assert all(r["node_hooks"] > 0 and r["node_hooks"] % r["steps"] == 0 for r in report["replay"])
