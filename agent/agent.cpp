@@ -738,9 +738,7 @@ void Agent::end_step(Profile p) {
     } else if (gapped) {
       st.gapped_peak.push_back(p.peak_bytes);
       st.gapped_baseline.push_back(p.baseline_bytes);
-      st.callback_us.push_back(p.overhead_us);
-      st.callback_steps.push_back(p.step);
-      if (recorder_.light()) ++st.light_steps;
+      st.count_step(p.overhead_us, p.step, recorder_.light());
     } else if (!diverged) {
       if (!replay_profile_ && !recorder_.light()) {  // (light: the step's kind was decided late)
         replay_profile_ = std::make_unique<Profile>(p);
@@ -750,9 +748,7 @@ void Agent::end_step(Profile p) {
       // it kept to the budget, not how good the prediction for the plan's own size was.
       (choice_.family ? st.family_peak : st.measured_peak).push_back(p.peak_bytes);
       (choice_.family ? st.family_baseline : st.measured_baseline).push_back(p.baseline_bytes);
-      st.callback_us.push_back(p.overhead_us);
-      st.callback_steps.push_back(p.step);
-      if (recorder_.light()) ++st.light_steps;
+      st.count_step(p.overhead_us, p.step, recorder_.light());
       if (log_enabled(LogLevel::Debug)) {
         debug("replayed step {}: peak {} at {}", p.step, format_bytes(p.peak_bytes), peak_location(p));
         std::string error;

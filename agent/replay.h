@@ -60,6 +60,12 @@ struct ReplayStats {
   std::vector<double> callback_us;
   std::vector<int64_t> callback_steps;  // the step number of each (benchmarks group steps by it)
   int64_t light_steps = 0;  // replayed steps recorded light (Recorder::set_light)
+  // One replayed step measured (its own plan's or one with ops left out): its callback time.
+  void count_step(double us, int64_t step, bool light) {
+    callback_us.push_back(us);
+    callback_steps.push_back(step);
+    if (light) ++light_steps;
+  }
   int64_t node_hooks = 0;   // planned recomputes started from a hook on their autograd Node
   int64_t snapshots = 0;    // inputs or parameters copied when captured, as a write would follow
   int64_t drifted = 0;      // steps replayed with other sizes after a data-dependent shape

@@ -99,9 +99,11 @@ def main():
     print("|---|---|---|---|---|---|")
     for d in sorted(ratios):
         p = statistics.median(plain_ms[d])
-        a = statistics.median(agent_ms.get(d, [0.0]))
+        # None replayed (every such step diverged, say): no figure rather than 0 ms.
+        a = statistics.median(agent_ms[d]) if d in agent_ms else None
+        agent = "- | -" if a is None else f"{a:.2f} ms | {100 * a / p:.1f}%"
         print(f"| {d}{' (full)' if d == args.layers else ''} | {len(plain_ms[d])} | {p:.1f} ms | "
-              f"x{statistics.median(ratios[d]):.3f} | {a:.2f} ms | {100 * a / p:.1f}% |")
+              f"x{statistics.median(ratios[d]):.3f} | {agent} |")
     print(f"\nsteps that left blocks out: {gapped}; on-demand rebuilds in all replayed steps: {on_demand}; "
           f"worst activation peak of a step that left blocks out: {100 * worst:.0f}% of its plan's budget; "
           f"losses and gradients {'identical' if identical else 'DIFFERED'}")

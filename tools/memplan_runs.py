@@ -65,9 +65,8 @@ def run(model, steps, budget=None, memplan=True, extra_args=(), python=sys.execu
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit status {p.returncode}):\n{p.stderr[-4000:]}")
     out = {"dir": work, "stdout": p.stdout, "stderr": p.stderr}
-    times = json.loads((work / "times.json").read_text())
+    out["times"] = times = json.loads((work / "times.json").read_text())
     # Steps before and at the plan are warm-up; time the ones after.
-    out["times"] = times
     out["step_s"] = statistics.median(times[warmup + 1:]) if len(times) > warmup + 1 else statistics.median(times)
     rep = work / "report.json"
     if memplan and rep.exists():
