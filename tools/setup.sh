@@ -5,16 +5,22 @@
 #   tools/setup.sh build  install everything and build only
 # The virtualenv lives outside the checkout (MEMPLAN_VENV, default ~/.memplan-venv) so a fresh
 # clone reuses it; the build goes to MEMPLAN_BUILD (default <checkout>/build).
+# MEMPLAN_TORCH=cpu: the CPU-only torch 2.13.0 wheel instead (no torchvision, ~0.7 GB instead
+# of ~5.5 GB; the CUDA parts are left out of the build), in ~/.memplan-venv-cpu by default.
 set -euo pipefail
 mode=${1:-build}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${MEMPLAN_VENV:-$HOME/.memplan-venv}
+say() { echo "[setup] $*" >&2; }
+case ${MEMPLAN_TORCH:-cuda} in
+  cuda) torch_req=(torch==2.14.1 torchvision==0.29.1); torch_version=2.14.1; imports="torch, torchvision, pytest"
+        default_venv=$HOME/.memplan-venv ;;
+  cpu) torch_req=(torch==2.13.0); torch_version=2.13.0; imports="torch, pytest"; default_venv=$HOME/.memplan-venv-cpu ;;
+  *) say "MEMPLAN_TORCH must be cuda (torch 2.14.1, the default) or cpu (torch 2.13.0)"; exit 2 ;;
+esac
+venv=${MEMPLAN_VENV:-$default_venv}
 build=${MEMPLAN_BUILD:-$root/build}
-torch_req=(torch==2.14.1 torchvision==0.29.1)
 apt_pkgs=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libfmt-dev nlohmann-json3-dev
           coinor-libcbc-dev)
-
-say() { echo "[setup] $*" >&2; }
 
 install_apt() {
   local missing=()
@@ -31,13 +37,13 @@ install_apt() {
 
 install_venv() {
   local py=$venv/bin/python
-  if [[ -x $py ]] && "$py" -c 'import torch, torchvision, pytest, sys; sys.exit(torch.__version__.split("+")[0] != "2.14.1")' 2>/dev/null; then
+  if [[ -x $py ]] && "$py" -c "import $imports, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
     return
   fi
   say "creating virtualenv $venv with ${torch_req[*]} (local wheels; several minutes the first time)"
   [[ -x $py ]] || python3 -m venv "$venv"
   "$py" -m pip install -q --disable-pip-version-check "${torch_req[@]}" pytest numpy 2>&1 | grep -v "is ignored: it is neither" >&2 || true
-  "$py" -c 'import torch, torchvision, pytest' || { say "torch install failed"; exit 1; }
+  "$py" -c "import $imports" || { say "torch install failed"; exit 1; }
 }
 
 configure_build() {

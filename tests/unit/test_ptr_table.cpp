@@ -38,6 +38,34 @@ TEST(PtrSizeTable, AddressReuseAfterFreeKeepsNewSize) {
   }
 }
 
+TEST(PtrSizeTable, NeighbouringBlocksGetNeighbouringSlots) {
+  // The slots of a step's blocks lie on as few pages as the blocks do (ptr_table.h, hash): eight
+  // consecutive 64-byte blocks take eight different slots of one aligned group of eight.
+  PtrSizeTable t(1u << 20);
+  const uintptr_t base = (uintptr_t{0x7f3a12345} << 12) & ~uintptr_t{64 * 8 - 1};
+  std::vector<size_t> homes;
+  for (uintptr_t i = 0; i < 8; ++i) homes.push_back(t.home(P(base + 64 * i)));
+  for (size_t i = 0; i < homes.size(); ++i) {
+    EXPECT_EQ(homes[i] / 8, homes[0] / 8) << i;
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(homes[i], homes[j]) << i << " " << j;
+  }
+}
+
+TEST(PtrSizeTable, BlocksOneTableSpanApartStartApart) {
+  // 1M slots of 64-byte blocks span 64 MiB: blocks that far apart (mmap'd tensors of one size)
+  // would all start probing at one slot if the hash kept only the low bits.
+  PtrSizeTable t(1u << 20);
+  const uintptr_t base = uintptr_t{0x7f3a00000000};
+  const uintptr_t span = uintptr_t{64} << 20;
+  std::vector<size_t> homes;
+  for (uintptr_t i = 0; i < 16; ++i) homes.push_back(t.home(P(base + i * span)));
+  for (size_t i = 0; i < homes.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(homes[i], homes[j]) << i << " " << j;
+  }
+  for (uintptr_t i = 0; i < 16; ++i) ASSERT_TRUE(t.insert(P(base + i * span), static_cast<int64_t>(i)));
+  for (uintptr_t i = 0; i < 16; ++i) EXPECT_EQ(t.take(P(base + i * span)), static_cast<int64_t>(i));
+}
+
 TEST(PtrSizeTable, FullTableGivesUpInsteadOfBlocking) {
   PtrSizeTable t(1u << 4);
   int inserted = 0;
