@@ -5,7 +5,7 @@
 #   tools/setup.sh build  install everything and build only
 # The virtualenv lives outside the checkout (MEMPLAN_VENV, default ~/.memplan-venv) so a fresh
 # clone reuses it; the build goes to MEMPLAN_BUILD (default <checkout>/build).
-# MEMPLAN_TORCH=cpu: the CPU-only torch 2.13.0 wheel instead (no torchvision, ~0.7 GB instead
+# MEMPLAN_TORCH=cpu: the CPU-only torch 2.13.0 wheel instead (no torchvision, ~1 GB instead
 # of ~5.5 GB; the CUDA parts are left out of the build), in ~/.memplan-venv-cpu by default.
 set -euo pipefail
 mode=${1:-build}
