@@ -1,15 +1,16 @@
 // Lock-free pointer -> size table for the CPU allocator wrapper: insert on allocate, take on free.
 //
 // Open addressing with linear probing over a fixed array made once (16 bytes a slot, on huge
-// pages where the kernel allows: see map_slots). Keys move 0 -> ptr -> tombstone -> ptr' ...; a slot never
-// returns to 0, so a probe chain is never cut. A pointer is live at most once, so there are no
-// duplicate keys. Probes are bounded: when the table is too full the caller gets `false` and
-// leaves that allocation unaccounted (counted as untracked) rather than blocking.
-// Cost: a shift and a xor, ~1-2 CAS/loads per operation, usually one cache miss (the slot's
+// pages where the kernel allows: see map_slots). Keys move 0 -> ptr -> tombstone -> ptr' ...;
+// a slot never returns to 0, so a probe chain is never cut. A pointer is live at most once, so
+// there are no duplicate keys. Probes are bounded: when the table is too full the caller gets
+// `false` and leaves that allocation unaccounted (counted as untracked) rather than blocking.
+// Cost: two shifts and a xor, ~1-2 CAS/loads per operation, usually one cache miss (the slot's
 // line); no locks, no allocation.
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,7 +23,9 @@ namespace memplan {
 class PtrSizeTable {
  public:
   explicit PtrSizeTable(size_t capacity_pow2)
-      : mask_(capacity_pow2 - 1), span_bits_(bits(capacity_pow2)), slots_(map_slots(capacity_pow2)) {}
+      : mask_(capacity_pow2 - 1),
+        span_bits_(std::countr_zero(capacity_pow2)),
+        slots_(map_slots(capacity_pow2)) {}
 
   // The slot where `ptr`'s probe starts (tests: neighbouring blocks, neighbouring slots).
   size_t home(const void* ptr) const { return hash(reinterpret_cast<uintptr_t>(ptr)); }
@@ -99,11 +102,6 @@ class PtrSizeTable {
     Slot* slots = static_cast<Slot*>(p);
     for (size_t i = 0; i < n; ++i) new (&slots[i]) Slot();
     return std::unique_ptr<Slot[], Unmap>(slots, Unmap{bytes});
-  }
-  static int bits(size_t pow2) {
-    int b = 0;
-    while ((size_t{1} << b) < pow2) ++b;
-    return b;
   }
   size_t mask_;
   int span_bits_;  // log2 of the capacity
