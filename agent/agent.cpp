@@ -69,10 +69,10 @@ std::string inplace_error_message(const SavedState& s, uint32_t now) {
   std::ostringstream m;
   const bool cuda = s.tensor.defined() ? s.tensor.is_cuda() : s.meta_cuda;
   const auto dtype = s.tensor.defined() ? s.tensor.scalar_type() : s.meta_dtype;
-  const auto sizes = s.tensor.defined() ? s.tensor.sizes().vec() : s.meta_sizes;
+  const c10::IntArrayRef sizes = s.tensor.defined() ? s.tensor.sizes() : c10::IntArrayRef(s.meta_sizes);
   m << "one of the variables needed for gradient computation has been modified by an inplace "
        "operation: [torch."
-    << (cuda ? "cuda." : "") << c10::toString(dtype) << "Tensor " << c10::IntArrayRef(sizes) << "]";
+    << (cuda ? "cuda." : "") << c10::toString(dtype) << "Tensor " << sizes << "]";
   if (auto fn = s.grad_fn.lock()) {
     std::string name = fn->name();
     const auto pos = name.rfind("Backward");

@@ -111,7 +111,7 @@ class PlannedNodeHook final : public torch::autograd::FunctionPreHook {
 // autograd.Function's RecordFunction has no outputs: its nodes are looked for once more from the
 // next op's inputs (look_again), which usually read its output; what is still missing is left to
 // on-demand rebuilds.
-void Replayer::attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outputs) {
+void Replayer::attach_node_hooks(int64_t op, c10::ArrayRef<at::Tensor> outputs) {
   std::vector<char> done(node_actions_[op].size(), 0);
   hook_nodes(op, outputs, &done);
   for (size_t i = 0; i < done.size(); ++i)
@@ -141,7 +141,7 @@ void Replayer::look_again(const at::RecordFunction& fn) {
   unhooked_.clear();
 }
 
-void Replayer::hook_nodes(int64_t op, const std::vector<at::Tensor>& from, std::vector<char>* done_out) {
+void Replayer::hook_nodes(int64_t op, c10::ArrayRef<at::Tensor> from, std::vector<char>* done_out) {
   std::vector<char>& done = *done_out;
   const int64_t begin = op < static_cast<int64_t>(seq_begin_.size()) ? seq_begin_[op] : -1;
   const int64_t end = at::sequence_number::peek();
@@ -320,8 +320,8 @@ int64_t Replayer::planned_value(int64_t op, int64_t ordinal, const at::Tensor& t
   return v;
 }
 
-void Replayer::action(const std::string& name, std::chrono::steady_clock::time_point start, bool span) {
-  if (!span) nvtx::mark(name.c_str());
+void Replayer::action(const char* name, std::chrono::steady_clock::time_point start, bool span) {
+  if (!span) nvtx::mark(name);
   if (!logging_actions_) return;
   const auto now = std::chrono::steady_clock::now();
   TraceAction a;
@@ -331,14 +331,14 @@ void Replayer::action(const std::string& name, std::chrono::steady_clock::time_p
   actions_.push_back(std::move(a));
 }
 
-Replayer::ActionSpan::ActionSpan(Replayer* r, std::string name)
-    : r_(r), name_(std::move(name)), start_(std::chrono::steady_clock::now()) {
-  nvtx::range_push(name_.c_str());
+Replayer::ActionSpan::ActionSpan(Replayer* r, const char* label, std::string detail)
+    : r_(r), label_(label), detail_(std::move(detail)), start_(std::chrono::steady_clock::now()) {
+  nvtx::range_push(name());
 }
 
 Replayer::ActionSpan::~ActionSpan() {
   nvtx::range_pop();
-  r_->action(name_, start_, true);
+  r_->action(name(), start_, true);
 }
 
 void Replayer::begin_step(bool any_size) {
@@ -352,7 +352,7 @@ void Replayer::begin_step(bool any_size) {
   if (any_size) ++stats_.family_steps;
   follow_nodes_ = true;
   recipes_.clear();
-  slots_.clear();
+  for (std::vector<Slot>& outs : slots_) outs.clear();
   rebuildable_op_.clear();
   slot_by_impl_.clear();
   slot_by_storage_.clear();
@@ -390,24 +390,38 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
     }
   }
   if (t.has_storage()) {
-    auto st = slot_by_storage_.find(t.storage().unsafeGetStorageImpl());
-    if (st != slot_by_storage_.end()) {
-      const Slot& s = slots_[st->second.first][st->second.second];
-      auto base = s.impl.lock();
+    // The latest slot on this storage that is still alive, unwritten since: the latest of all
+    // may be a view whose tensor is gone (a saved alias the plan evicted, which held the last
+    // reference) while an earlier view of the same storage lives on (the `v` of q, k, v split
+    // from one projection, which this op reads). Taking only the latest left the pack without
+    // a source: kept, not evicted, over the budget (1 of 9 evictions in some GPT-2 plans).
+    // Cost: one entry per output viewing the storage (a handful), a weak lock for each newer one.
+    std::pair<int64_t, int64_t> found{-1, -1};
+    c10::intrusive_ptr<c10::TensorImpl> base;
+    const auto [first, last] = slot_by_storage_.equal_range(t.storage().unsafeGetStorageImpl());
+    for (auto st = first; st != last; ++st) {
+      const auto [o, k] = st->second;
+      if (st->second <= found || static_cast<size_t>(k) >= slots_[o].size()) continue;
+      const Slot& s = slots_[o][k];
       // Views share their base's version counter: equal versions mean no unrecorded write since.
-      if (base && s.version == version) {
-        src.kind = TensorSource::Kind::Slot;
-        src.op = st->second.first;
-        src.index = st->second.second;
-        at::Tensor b = at::Tensor(base);
-        if (!same_layout(b, t)) {
-          src.view = true;
-          src.sizes = t.sizes().vec();
-          src.strides = t.strides().vec();
-          src.offset = t.storage_offset();
-        }
-        return src;
+      if (s.version != version) continue;
+      if (auto impl = s.impl.lock()) {
+        found = st->second;
+        base = std::move(impl);
       }
+    }
+    if (base) {
+      src.kind = TensorSource::Kind::Slot;
+      src.op = found.first;
+      src.index = found.second;
+      at::Tensor b = at::Tensor(std::move(base));
+      if (!same_layout(b, t)) {
+        src.view = true;
+        src.sizes.assign(t.sizes().begin(), t.sizes().end());
+        src.strides.assign(t.strides().begin(), t.strides().end());
+        src.offset = t.storage_offset();
+      }
+      return src;
     }
   }
   auto ext = externals_.find(t.unsafeGetTensorImpl());
@@ -477,9 +491,9 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool rand
   }
   if (static_cast<size_t>(op) >= recipes_.size()) {
     recipes_.resize(op + 1);
-    slots_.resize(op + 1);
     rebuildable_op_.resize(op + 1, false);
   }
+  if (static_cast<size_t>(op) >= slots_.size()) slots_.resize(op + 1);
   before_write(fn);
   if (!unhooked_.empty()) look_again(fn);
   Recipe& r = recipes_[op];
@@ -523,7 +537,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool rand
       add(iv.toTensor());
     } else if (iv.isTensorList()) {
       a.kind = Arg::Kind::TensorList;
-      for (const at::Tensor& t : iv.toTensorVector()) add(t);
+      for (const at::Tensor t : iv.toTensorList()) add(t);  // the list itself, not a vector copy
     } else if (iv.isList() && iv.toListRef().size() > 0 && [&] {
                  for (const auto& e : iv.toListRef()) {
                    if (e.isTensor()) return true;
@@ -608,12 +622,12 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool droppe
   const bool opaque = !diverged_ && static_cast<size_t>(op) < opaque_.size() && opaque_[op];
   std::vector<Slot>& outs = slots_[op];
   outs.clear();
-  std::vector<at::Tensor> out_tensors;
+  c10::SmallVector<at::Tensor, 4> out_tensors;  // most ops have 1-3 outputs: no allocation
   for (const c10::IValue& iv : fn.outputs()) {
     if (iv.isTensor()) {
       out_tensors.push_back(iv.toTensor());
     } else if (iv.isTensorList()) {
-      for (const at::Tensor& t : iv.toTensorVector()) out_tensors.push_back(t);
+      for (const at::Tensor t : iv.toTensorList()) out_tensors.push_back(t);
     }
   }
   for (size_t k = 0; k < out_tensors.size(); ++k) {
@@ -625,14 +639,14 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool droppe
       s.version = s.counter.current_version();
       if (t.has_storage() && t.layout() == at::kStrided) {
         s.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl());
-        s.sizes = t.sizes().vec();
-        s.strides = t.strides().vec();
+        s.sizes.assign(t.sizes().begin(), t.sizes().end());
+        s.strides.assign(t.strides().begin(), t.strides().end());
         s.offset = t.storage_offset();
         s.options = t.options();
       }
       if (!opaque) {
         slot_by_impl_[t.unsafeGetTensorImpl()] = {op, static_cast<int64_t>(k)};
-        if (t.has_storage()) slot_by_storage_[t.storage().unsafeGetStorageImpl()] = {op, static_cast<int64_t>(k)};
+        if (t.has_storage()) slot_by_storage_.emplace(t.storage().unsafeGetStorageImpl(), std::pair{op, static_cast<int64_t>(k)});
       }
     }
     outs.push_back(std::move(s));
@@ -697,9 +711,9 @@ int64_t Replayer::skip_to(int64_t op, uint64_t hash, uint64_t structure) {
   const size_t need = static_cast<size_t>(to) + 1;
   if (recipes_.size() < need) {
     recipes_.resize(need);
-    slots_.resize(need);
     rebuildable_op_.resize(need, false);
   }
+  if (slots_.size() < need) slots_.resize(need);
   if (seq_begin_.size() < need) seq_begin_.resize(need, -1);
   recipes_[to] = std::move(recipes_[op]);
   recipes_[op] = Recipe();
@@ -743,8 +757,8 @@ int64_t Replayer::skip_to(int64_t op, uint64_t hash, uint64_t structure) {
 namespace {
 
 // Calls f on each handle of `v` that still holds its tensor.
-template <typename F>
-void each_resident(std::unordered_map<int64_t, std::vector<std::weak_ptr<SavedState>>>& handles, int64_t v, F f) {
+template <typename Handles, typename F>
+void each_resident(Handles& handles, int64_t v, F f) {
   auto it = handles.find(v);
   if (it == handles.end()) return;
   for (auto& w : it->second) {
@@ -755,7 +769,7 @@ void each_resident(std::unordered_map<int64_t, std::vector<std::weak_ptr<SavedSt
 
 // Drops the tensor, keeping what autograd's in-place error message needs.
 void drop(SavedState& s) {
-  s.meta_sizes = s.tensor.sizes().vec();
+  s.meta_sizes.assign(s.tensor.sizes().begin(), s.tensor.sizes().end());
   s.meta_dtype = s.tensor.scalar_type();
   s.meta_cuda = s.tensor.is_cuda();
   s.tensor.reset();
@@ -893,8 +907,10 @@ void Replayer::evict_after(int64_t op) {
       }
       drop(s);
       ++stats_.evicted;
-      if (nvtx_enabled() || logging_actions_) {
-        action(fmt::format("memplan/evict value {} after op {}", v, op), std::chrono::steady_clock::now(), false);
+      if (naming_actions()) {
+        action(fmt::format("memplan/evict value {} after op {}", v, op).c_str(), std::chrono::steady_clock::now(), false);
+      } else {
+        action("memplan/evict", {}, false);
       }
     });
   }
@@ -903,8 +919,8 @@ void Replayer::evict_after(int64_t op) {
 void Replayer::compact_after(int64_t op) {
   for (int64_t v : compact_after_[op]) {
     each_resident(handles_, v, [&](SavedState& s) {
-      std::optional<ActionSpan> span;
-      if (nvtx_enabled() || logging_actions_) span.emplace(this, fmt::format("memplan/compact value {} after op {}", v, op));
+      ActionSpan span(this, "memplan/compact",
+                      naming_actions() ? fmt::format("memplan/compact value {} after op {}", v, op) : std::string());
       if (!compact_mask(s.tensor, &s.mask)) {
         ++stats_.compact_refused;
         log_once("compact-refused", LogLevel::Warn,
@@ -1008,8 +1024,8 @@ void Replayer::count_uses(const TensorSource& src, Memo& memo, int depth) {
 
 namespace {
 // Takes one use of a memo entry; the entry goes at its last use.
-at::Tensor take(std::map<std::pair<int64_t, int64_t>, at::Tensor>& entries,
-                std::map<std::pair<int64_t, int64_t>, int>& uses, std::pair<int64_t, int64_t> key) {
+at::Tensor take(std::pmr::map<std::pair<int64_t, int64_t>, at::Tensor>& entries,
+                std::pmr::map<std::pair<int64_t, int64_t>, int>& uses, std::pair<int64_t, int64_t> key) {
   auto e = entries.find(key);
   if (e == entries.end()) return at::Tensor();
   at::Tensor t = e->second;
@@ -1294,8 +1310,9 @@ void Replayer::run_recompute(int64_t node) {
   auto it = recompute_before_.find(node);
   if (it == recompute_before_.end()) return;
   AgentScope scope;  // the ops a rebuild runs (views, re-runs) are ours, never the step's
-  ActionSpan span(this, fmt::format("memplan/recompute before node {}", node));
-  Memo memo;
+  ActionSpan span(this, "memplan/recompute",
+                  naming_actions() ? fmt::format("memplan/recompute before node {}", node) : std::string());
+  Memo memo(&step_pool_);
   // Count every planned use first, so each intermediate goes at its last use.
   for (int64_t v : it->second->keep) {
     auto h = handles_.find(v);
@@ -1340,8 +1357,12 @@ void Replayer::run_releases(int64_t node) {
   auto it = release_after_.find(node);
   if (it == release_after_.end()) return;
   for (int64_t v : it->second) {
-    if (holds_.erase(v) && (nvtx_enabled() || logging_actions_)) {
-      action(fmt::format("memplan/free value {} after node {}", v, node), std::chrono::steady_clock::now(), false);
+    if (holds_.erase(v)) {
+      if (naming_actions()) {
+        action(fmt::format("memplan/free value {} after node {}", v, node).c_str(), std::chrono::steady_clock::now(), false);
+      } else {
+        action("memplan/free", {}, false);
+      }
     }
   }
 }
@@ -1356,8 +1377,9 @@ at::Tensor Replayer::materialize(SavedState& s) {
   }
   ++stats_.on_demand;
   log_once("on-demand", LogLevel::Debug, "a saved tensor was needed before its planned recompute; rebuilt on demand");
-  ActionSpan span(this, fmt::format("memplan/recompute value {} on demand", s.value));
-  Memo memo;
+  ActionSpan span(this, "memplan/recompute on demand",
+                  naming_actions() ? fmt::format("memplan/recompute value {} on demand", s.value) : std::string());
+  Memo memo(&step_pool_);
   count_uses(s.source, memo, 0);
   rebuild(s, memo);
   return s.tensor;
@@ -1376,7 +1398,7 @@ void Replayer::end_step() {
         s->mask = CompactMask();
         s->compact = s->evicted = false;
       } else if (s && s->evicted) {
-        Memo memo;
+        Memo memo(&step_pool_);
         try {
           count_uses(s->source, memo, 0);
           rebuild(*s, memo);

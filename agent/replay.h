@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -27,6 +28,7 @@
 #include "agent/saved.h"
 #include "planner/plan.h"
 #include "profiler/op_sequence.h"
+#include "profiler/nvtx_ranges.h"
 #include "profiler/op_writes.h"
 #include "profiler/profile.h"
 #include "profiler/trace_export.h"
@@ -163,14 +165,15 @@ class Replayer {
     enum class Kind : uint8_t { Constant, Tensor, TensorList, OptionalTensorList };
     Kind kind = Kind::Constant;
     c10::IValue constant;
-    std::vector<TensorSource> tensors;
-    std::vector<bool> requires_grad;
-    std::vector<bool> present;  // OptionalTensorList: which entries are tensors
+    // Inline sizes cover nearly every op (no allocation per recipe): most args hold one tensor.
+    c10::SmallVector<TensorSource, 1> tensors;
+    c10::SmallVector<bool, 4> requires_grad;
+    c10::SmallVector<bool, 4> present;  // OptionalTensorList: which entries are tensors
     bool written = false;       // schema says Tensor(a!): rebuild on a scratch copy
   };
   struct Recipe {
     std::optional<c10::OperatorHandle> op;
-    std::vector<Arg> args;
+    c10::SmallVector<Arg, 6> args;
     bool valid = false;
     bool random = false;
     std::vector<std::pair<at::Generator, at::Tensor>> rng;  // generator, its state at op start
@@ -184,7 +187,7 @@ class Replayer {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
     c10::VariableVersion counter{c10::VariableVersion::DISABLED};
     uint32_t version = 0;
-    std::vector<int64_t> sizes, strides;
+    c10::SmallVector<int64_t, 6> sizes, strides;
     int64_t offset = 0;
     at::TensorOptions options;
     // The output as a view of `storage` (its own, or one made again like it) at `at_offset`, no copy.
@@ -197,9 +200,12 @@ class Replayer {
   // A rebuild's working set: op outputs and internal packs re-made so far.
   // Entries are dropped at their last planned use (counted before anything runs), so a rebuild
   // holds what the simulator assumes: each intermediate until its last reader.
+  // Its maps' nodes come from step_pool_ (no malloc per entry once the pool has grown).
   struct Memo {
-    std::map<std::pair<int64_t, int64_t>, at::Tensor> outputs, packs;
-    std::map<std::pair<int64_t, int64_t>, int> output_uses, pack_uses;
+    explicit Memo(std::pmr::memory_resource* pool)
+        : outputs(pool), packs(pool), output_uses(pool), pack_uses(pool) {}
+    std::pmr::map<std::pair<int64_t, int64_t>, at::Tensor> outputs, packs;
+    std::pmr::map<std::pair<int64_t, int64_t>, int> output_uses, pack_uses;
     std::vector<bool> will_run;  // per op: re-run planned
   };
 
@@ -240,10 +246,10 @@ class Replayer {
   std::shared_ptr<SavedState> tail_mask(int64_t op, const Memo& memo) const;
   void rebuild(SavedState& s, Memo& memo);
   void evict_after(int64_t op);
-  void attach_node_hooks(int64_t op, const std::vector<at::Tensor>& outputs);
+  void attach_node_hooks(int64_t op, c10::ArrayRef<at::Tensor> outputs);
   void look_again(const at::RecordFunction& fn);
   // Hooks the nodes of `op`'s actions not yet `done` that hang off `from` (marks them done).
-  void hook_nodes(int64_t op, const std::vector<at::Tensor>& from, std::vector<char>* done);
+  void hook_nodes(int64_t op, c10::ArrayRef<at::Tensor> from, std::vector<char>* done);
   void run_recompute(int64_t node);
   void planned_recompute(int64_t node);  // run_recompute; a failure is logged, unpack rebuilds
   void run_releases(int64_t node);
@@ -302,19 +308,30 @@ class Replayer {
   // decides at its end), or -1: its recipe and packs are taken if either position needs them.
   int64_t ahead_ = -1;
   bool follow_nodes_ = true;  // backward nodes still match the profile
+  // The step state's hash-map nodes come from this pool: cleared maps hand their nodes back to
+  // it and the next step takes them again, so a replayed step makes no malloc/free per entry
+  // (~450 per dispatch-bound GPT-2 step before). Unsynchronized: the step's maps are touched by
+  // one thread at a time (the forward's, then the node thread, Agent::on_node_thread). Declared
+  // before the maps, so it outlives them.
+  std::pmr::unsynchronized_pool_resource step_pool_;
+  template <class K, class V>
+  using StepMap = std::pmr::unordered_map<K, V>;
   std::vector<Recipe> recipes_;
+  // Per op seen this step, its outputs. Kept across steps, each op's list only cleared
+  // (begin_step): its storage is reused, and an op with no outputs this step has an empty list.
   std::vector<std::vector<Slot>> slots_;
   std::vector<bool> rebuildable_op_;
   std::vector<int64_t> seq_begin_;  // per fwd op: its first autograd sequence number
-  std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> slot_by_impl_;
-  std::unordered_map<const c10::StorageImpl*, std::pair<int64_t, int64_t>> slot_by_storage_;
+  StepMap<const c10::TensorImpl*, std::pair<int64_t, int64_t>> slot_by_impl_{&step_pool_};
+  // Every slot viewing each storage (source_of takes the latest still alive).
+  std::pmr::unordered_multimap<const c10::StorageImpl*, std::pair<int64_t, int64_t>> slot_by_storage_{&step_pool_};
   struct External {
     at::Tensor tensor;
     uint32_t version = 0;       // when first captured this step
     uint32_t last_version = 0;  // when last captured (a recipe may need the contents from then)
   };
-  std::unordered_map<const c10::TensorImpl*, External> externals_;
-  std::unordered_multimap<const c10::StorageImpl*, const c10::TensorImpl*> external_storage_;
+  StepMap<const c10::TensorImpl*, External> externals_{&step_pool_};
+  std::pmr::unordered_multimap<const c10::StorageImpl*, const c10::TensorImpl*> external_storage_{&step_pool_};
   // Externals written through a tensor that does not share their version counter (`.data`):
   // their version says nothing, a rebuild reads their snapshot.
   std::unordered_set<const c10::TensorImpl*> overwritten_;
@@ -339,31 +356,40 @@ class Replayer {
   // The external written since capture that a rebuild of `src` would read (an undefined tensor
   // for a chain that cannot be followed), or null.
   const at::Tensor* chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth);
-  std::unordered_map<int64_t, std::pair<int64_t, int64_t>> value_slot_;  // value -> latest slot
+  StepMap<int64_t, std::pair<int64_t, int64_t>> value_slot_{&step_pool_};  // value -> latest slot
   std::vector<Pending> pending_;
-  std::unordered_map<int64_t, std::vector<std::weak_ptr<SavedState>>> handles_;  // by value
+  using Handles = StepMap<int64_t, std::pmr::vector<std::weak_ptr<SavedState>>>;  // lists from the pool too
+  Handles handles_{&step_pool_};  // by value
   // A value kept for later recomputes, with the slot it was taken from: a re-made hold no longer
   // shares its storage with the forward's; held_view finds it through that slot.
   struct Hold {
     at::Tensor tensor;
     int64_t op = -1, index = -1;
   };
-  std::unordered_map<int64_t, Hold> holds_;
+  StepMap<int64_t, Hold> holds_{&step_pool_};
   int64_t packs_in_op_ = 0;
   ReplayStats stats_;
   // Action log of the first replayed step: NVTX marks/ranges always, trace events for step 1.
-  void action(const std::string& name, std::chrono::steady_clock::time_point start, bool span);
-  // A recompute as an NVTX range and a trace span, for its whole scope.
+  // `name` is only read during the call.
+  void action(const char* name, std::chrono::steady_clock::time_point start, bool span);
+  // Whether an action's name with its numbers (value, op, node) reaches anyone: the trace of the
+  // first replayed step, or an NVTX tool. Otherwise only its fixed label goes to NVTX (no
+  // formatting, no allocation: ~20 names per replayed step of the demo).
+  bool naming_actions() const { return logging_actions_ || nvtx_tool_attached(); }
+  // A recompute as an NVTX range and a trace span, for its whole scope. Named `detail`, or
+  // `label` (a string literal) when detail is empty.
   class ActionSpan {
    public:
-    ActionSpan(Replayer* r, std::string name);
+    ActionSpan(Replayer* r, const char* label, std::string detail);
     ~ActionSpan();
     ActionSpan(const ActionSpan&) = delete;
     ActionSpan& operator=(const ActionSpan&) = delete;
 
    private:
+    const char* name() const { return detail_.empty() ? label_ : detail_.c_str(); }
     Replayer* r_;
-    std::string name_;
+    const char* label_;
+    std::string detail_;
     std::chrono::steady_clock::time_point start_;
   };
   std::chrono::steady_clock::time_point t0_;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/autograd/function.h>
 
@@ -28,7 +29,7 @@ struct TensorSource {
   int64_t op = -1;
   int64_t index = -1;
   bool view = false;  // as_strided(sizes, strides, offset) over the slot's storage
-  std::vector<int64_t> sizes, strides;
+  c10::SmallVector<int64_t, 6> sizes, strides;  // inline up to rank 6: no allocation per view
   int64_t offset = 0;
   at::Tensor external;
   uint32_t external_version = 0;  // External: its version when captured (a re-run needs that value)
@@ -49,7 +50,7 @@ struct SavedState {
   bool compact = false;  // evicted into `mask` (a dropout mask, compact.h): expanded at unpack
   CompactMask mask;
   // Kept when evicting, for autograd's in-place error message.
-  std::vector<int64_t> meta_sizes;
+  c10::SmallVector<int64_t, 6> meta_sizes;
   at::ScalarType meta_dtype = at::kFloat;
   bool meta_cuda = false;
 };

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #if MEMPLAN_HAVE_NVTX
 #include <nvtx3/nvToolsExt.h>
@@ -69,6 +70,15 @@ void pop() {}
 
 void set_nvtx_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 bool nvtx_enabled() { return g_enabled.load(std::memory_order_relaxed); }
+
+bool nvtx_tool_attached() {
+#if MEMPLAN_HAVE_NVTX
+  static const bool attached = std::getenv("NVTX_INJECTION64_PATH") != nullptr;
+  return attached && g_enabled.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
 
 namespace nvtx {
 

@@ -18,6 +18,9 @@ namespace memplan {
 
 void set_nvtx_enabled(bool on);  // default on; the agent sets it from MEMPLAN_NVTX
 bool nvtx_enabled();
+// Enabled, built with NVTX, and a tool named by NVTX_INJECTION64_PATH (how Nsight attaches):
+// only then is it worth formatting a range's name with numbers in it. Cost: a load and a branch.
+bool nvtx_tool_attached();
 
 namespace nvtx {
 
