@@ -112,7 +112,7 @@ class PlannedNodeHook final : public torch::autograd::FunctionPreHook {
 // next op's inputs (look_again), which usually read its output; what is still missing is left to
 // on-demand rebuilds.
 void Replayer::attach_node_hooks(int64_t op, c10::ArrayRef<at::Tensor> outputs) {
-  std::vector<char> done(node_actions_[op].size(), 0);
+  c10::SmallVector<char, 8> done(node_actions_[op].size(), 0);
   hook_nodes(op, outputs, &done);
   for (size_t i = 0; i < done.size(); ++i)
     if (!done[i]) unhooked_.push_back({op, i});
@@ -124,7 +124,7 @@ void Replayer::look_again(const at::RecordFunction& fn) {
   for (const c10::IValue& iv : fn.inputs()) for_each_tensor(iv, [&](const at::Tensor& t) { inputs.push_back(t); });
   for (size_t k = 0; k < unhooked_.size();) {
     const int64_t op = unhooked_[k].first;
-    std::vector<char> done(node_actions_[op].size(), 1);
+    c10::SmallVector<char, 8> done(node_actions_[op].size(), 1);
     size_t e = k;
     for (; e < unhooked_.size() && unhooked_[e].first == op; ++e) done[unhooked_[e].second] = 0;
     hook_nodes(op, inputs, &done);
@@ -141,8 +141,8 @@ void Replayer::look_again(const at::RecordFunction& fn) {
   unhooked_.clear();
 }
 
-void Replayer::hook_nodes(int64_t op, c10::ArrayRef<at::Tensor> from, std::vector<char>* done_out) {
-  std::vector<char>& done = *done_out;
+void Replayer::hook_nodes(int64_t op, c10::ArrayRef<at::Tensor> from, c10::SmallVectorImpl<char>* done_out) {
+  c10::SmallVectorImpl<char>& done = *done_out;
   const int64_t begin = op < static_cast<int64_t>(seq_begin_.size()) ? seq_begin_[op] : -1;
   const int64_t end = at::sequence_number::peek();
   if (begin < 0) return;
@@ -150,7 +150,7 @@ void Replayer::hook_nodes(int64_t op, c10::ArrayRef<at::Tensor> from, std::vecto
     const auto seq = static_cast<int64_t>(n->sequence_nr());
     return seq >= begin && seq < end;
   };
-  std::vector<torch::autograd::Node*> work, seen;
+  c10::SmallVector<torch::autograd::Node*, 16> work, seen;  // an op's nodes: a few
   auto visit = [&](torch::autograd::Node* n) {
     if (n == nullptr || !in_range(n) || std::find(seen.begin(), seen.end(), n) != seen.end()) return;
     seen.push_back(n);
@@ -1024,8 +1024,8 @@ void Replayer::count_uses(const TensorSource& src, Memo& memo, int depth) {
 
 namespace {
 // Takes one use of a memo entry; the entry goes at its last use.
-at::Tensor take(std::pmr::map<std::pair<int64_t, int64_t>, at::Tensor>& entries,
-                std::pmr::map<std::pair<int64_t, int64_t>, int>& uses, std::pair<int64_t, int64_t> key) {
+at::Tensor take(std::map<std::pair<int64_t, int64_t>, at::Tensor>& entries,
+                std::map<std::pair<int64_t, int64_t>, int>& uses, std::pair<int64_t, int64_t> key) {
   auto e = entries.find(key);
   if (e == entries.end()) return at::Tensor();
   at::Tensor t = e->second;
@@ -1312,7 +1312,7 @@ void Replayer::run_recompute(int64_t node) {
   AgentScope scope;  // the ops a rebuild runs (views, re-runs) are ours, never the step's
   ActionSpan span(this, "memplan/recompute",
                   naming_actions() ? fmt::format("memplan/recompute before node {}", node) : std::string());
-  Memo memo(&step_pool_);
+  Memo memo;
   // Count every planned use first, so each intermediate goes at its last use.
   for (int64_t v : it->second->keep) {
     auto h = handles_.find(v);
@@ -1379,7 +1379,7 @@ at::Tensor Replayer::materialize(SavedState& s) {
   log_once("on-demand", LogLevel::Debug, "a saved tensor was needed before its planned recompute; rebuilt on demand");
   ActionSpan span(this, "memplan/recompute on demand",
                   naming_actions() ? fmt::format("memplan/recompute value {} on demand", s.value) : std::string());
-  Memo memo(&step_pool_);
+  Memo memo;
   count_uses(s.source, memo, 0);
   rebuild(s, memo);
   return s.tensor;
@@ -1398,7 +1398,7 @@ void Replayer::end_step() {
         s->mask = CompactMask();
         s->compact = s->evicted = false;
       } else if (s && s->evicted) {
-        Memo memo(&step_pool_);
+        Memo memo;
         try {
           count_uses(s->source, memo, 0);
           rebuild(*s, memo);

@@ -200,12 +200,11 @@ class Replayer {
   // A rebuild's working set: op outputs and internal packs re-made so far.
   // Entries are dropped at their last planned use (counted before anything runs), so a rebuild
   // holds what the simulator assumes: each intermediate until its last reader.
-  // Its maps' nodes come from step_pool_ (no malloc per entry once the pool has grown).
+  // On the global heap, not step_pool_: an on-demand rebuild runs on whichever thread unpacks,
+  // perhaps beside the node thread's planned recompute (a graph with CPU and GPU nodes).
   struct Memo {
-    explicit Memo(std::pmr::memory_resource* pool)
-        : outputs(pool), packs(pool), output_uses(pool), pack_uses(pool) {}
-    std::pmr::map<std::pair<int64_t, int64_t>, at::Tensor> outputs, packs;
-    std::pmr::map<std::pair<int64_t, int64_t>, int> output_uses, pack_uses;
+    std::map<std::pair<int64_t, int64_t>, at::Tensor> outputs, packs;
+    std::map<std::pair<int64_t, int64_t>, int> output_uses, pack_uses;
     std::vector<bool> will_run;  // per op: re-run planned
   };
 
@@ -249,7 +248,7 @@ class Replayer {
   void attach_node_hooks(int64_t op, c10::ArrayRef<at::Tensor> outputs);
   void look_again(const at::RecordFunction& fn);
   // Hooks the nodes of `op`'s actions not yet `done` that hang off `from` (marks them done).
-  void hook_nodes(int64_t op, c10::ArrayRef<at::Tensor> from, std::vector<char>* done);
+  void hook_nodes(int64_t op, c10::ArrayRef<at::Tensor> from, c10::SmallVectorImpl<char>* done);
   void run_recompute(int64_t node);
   void planned_recompute(int64_t node);  // run_recompute; a failure is logged, unpack rebuilds
   void run_releases(int64_t node);
@@ -310,9 +309,10 @@ class Replayer {
   bool follow_nodes_ = true;  // backward nodes still match the profile
   // The step state's hash-map nodes come from this pool: cleared maps hand their nodes back to
   // it and the next step takes them again, so a replayed step makes no malloc/free per entry
-  // (~450 per dispatch-bound GPT-2 step before). Unsynchronized: the step's maps are touched by
-  // one thread at a time (the forward's, then the node thread, Agent::on_node_thread). Declared
-  // before the maps, so it outlives them.
+  // (~450 per dispatch-bound GPT-2 step before). Unsynchronized: the maps on it are changed by
+  // one thread at a time (the forward's, then the node thread's: Agent::on_node_thread; an
+  // on-demand rebuild on another thread only reads them). Declared before the maps, so it
+  // outlives them.
   std::pmr::unsynchronized_pool_resource step_pool_;
   template <class K, class V>
   using StepMap = std::pmr::unordered_map<K, V>;
