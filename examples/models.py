@@ -144,6 +144,15 @@ class GPT2(nn.Module):
             x = self.drop(self.tok(idx) + self.pos(pos))
         if getattr(self, "noisy_op", False) and self.training:
             x = noisy(x)
+        copies = getattr(self, "side_copies", 0)
+        if copies:
+            # A scaled detached copy of the embeddings added back, made `copies` times (the
+            # earlier ones unused): in some steps the same ops run more often, as a DataLoader's
+            # batch hand-over can. A step with fewer of them runs the other's ops with a stretch
+            # left out, and the greedy match takes its copy for the profile's unused one.
+            for _ in range(copies - 1):
+                x.detach() * 0.5
+            x = x + x.detach() * 0.5
         if getattr(self, "stochastic_depth", False) and self.training:
             # torchvision's StochasticDepth(mode="row"): a noise tensor made by `empty`, then
             # written in place by bernoulli_ and div_ (ops a rebuild re-runs).

@@ -110,6 +110,9 @@ def parse():
     p.add_argument("--detached-side", action="store_true",
                    help="MLP: a side branch reads the first layer's weight without grad")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (forked)")
+    p.add_argument("--side-copies-until", type=int, default=-1,
+                   help="GPT-2: a detached copy of the embeddings added back, made twice (one unused) "
+                        "before this step, once from it")
     p.add_argument("--side-thread", action="store_true",
                    help="a thread running tensor ops and its own small backward beside training")
     p.add_argument("--backward-on-two-threads", action="store_true",
@@ -377,6 +380,8 @@ def main():
     for step in range(args.steps):
         t0 = time.perf_counter()
         current["step"] = step
+        if args.side_copies_until >= 0:
+            inner.side_copies = 2 if step < args.side_copies_until else 1
         if args.skip_block_at >= 0:
             inner.skip_last_block = step >= args.skip_block_at
         if args.repeat_block_at >= 0:

@@ -458,6 +458,26 @@ def test_a_step_that_leaves_out_a_layer_replays_the_plan_of_the_ops_it_runs(runn
     assert len(peaks) == STEPS - 6 and max(peaks) <= limit, (peaks, limit)
 
 
+def test_a_gapped_step_that_refused_evictions_is_a_kind_of_its_own(runner, plain_runs):
+    # The warm-up steps make two detached copies of the embeddings (the first unused), the steps
+    # from 4 on one: their ops are the plan's with a stretch left out, and the greedy match takes
+    # their copy for the profile's unused one, which the plan made no recipe for. The evictions
+    # of what is rebuilt from it are refused (those tensors kept), so the plan's budget does not
+    # hold for such a step: it is not replayed as a gapped step of that plan but recorded,
+    # planned as a kind of its own (never covered by the first plan), and the later steps replay
+    # that plan with every eviction done, within its budget.
+    extra = ["--side-copies-until", "4"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
+    assert p.stderr.count("could not evict what the plan evicts") == 1
+    assert len(report["plans"]) == 2 and report["step_kinds"]["kinds"] == 2, report["step_kinds"]
+    first, second = sorted(report["replay"], key=lambda r: r["plan"])
+    assert first["gapped_steps"] == 1 and first["not_rebuildable"] > 0 and not first["gapped_peak_bytes"], first
+    assert second["gapped_steps"] == 0 and second["not_rebuildable"] == 0 and second["divergences"] == 0, second
+    assert second["evicted"] == second["rebuilt"] > 0 and second["steps"] >= 4, second
+    own, plan = plan_peaks(report, second["plan"])
+    assert len(own) == second["steps"] and max(own) <= plan["budget_bytes"], (own, plan["budget_bytes"])
+
+
 def test_layerdrop_steps_replay_the_plan_of_the_deepest_step(runner, plain_runs):
     # Each step runs a pseudo-random number of the model's blocks (LayerDrop-like: 4, 1, 1, 1, 1,
     # 4, ...). The warm-up plans its last step (1 block); step 5 (4 blocks) diverges from that
