@@ -331,8 +331,11 @@ void Replayer::action(const char* name, std::chrono::steady_clock::time_point st
   actions_.push_back(std::move(a));
 }
 
+// The clock is read only for the trace (its first replayed step): otherwise a span costs the
+// NVTX push and pop, which are a flag test each without a tool attached.
 Replayer::ActionSpan::ActionSpan(Replayer* r, const char* label, std::string detail)
-    : r_(r), label_(label), detail_(std::move(detail)), start_(std::chrono::steady_clock::now()) {
+    : r_(r), label_(label), detail_(std::move(detail)),
+      start_(r->logging_actions_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {
   nvtx::range_push(name());
 }
 
@@ -505,7 +508,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool rand
   // the others get no recipe (no operator lookup, no argument copies, no RNG snapshot) and are
   // not rebuildable, which only matters if the step leaves the profile (then every op is).
   if (!hold_externals(op)) return;
-  r.op = rerun_handle(fn);  // the recorder's Op::rerunnable test: the plan re-runs no other op
+  r.op = rerun_handles_.of(static_cast<size_t>(op), fn);  // the recorder's Op::rerunnable test: the plan re-runs no other op
   if (!r.op) return;
   const auto& schema = r.op->schema();
   const auto inputs = fn.inputs();

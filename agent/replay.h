@@ -31,6 +31,7 @@
 #include "profiler/nvtx_ranges.h"
 #include "profiler/op_writes.h"
 #include "profiler/profile.h"
+#include "profiler/rerun_handle.h"
 #include "profiler/trace_export.h"
 
 namespace memplan {
@@ -272,6 +273,7 @@ class Replayer {
   // Per operator schema: which arguments it may write (written_args).
   std::unordered_map<const c10::FunctionSchema*, std::vector<char>> written_by_schema_;
   const std::vector<char>& written_args(const c10::FunctionSchema& schema);
+  RerunHandles rerun_handles_;  // the operator each recipe re-runs, per fwd op
   bool hold_externals(int64_t op) const;
   std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;
   std::unordered_map<int64_t, std::vector<int64_t>> release_after_;

@@ -5,28 +5,23 @@
 #   bench/ab_pair.sh STEPS ROUNDS CFG_A CFG_B
 #
 # CFG: "plain" (no memplan) or ';'-separated VAR=value settings for a memplan-run run, e.g.
-#   "MEMPLAN_BUDGET=70%"  or  "MEMPLAN_PLAN=/tmp/p50.json;MEMPLAN_BUILD=/tmp/old-build".
+#   "MEMPLAN_BUDGET=70%"  or  "MEMPLAN_PLAN=/tmp/p50.json;MEMPLAN_BUILD=/tmp/old-build"
+#   (bench/run_cfg.sh).
 # TRAIN_ARGS (default "--model gpt2 --small --batch 1": a dispatch-bound step) go to
 # examples/train.py; PYTHON defaults to python3; MEMPLAN_BUILD to build/. Prints, per round, the
 # median step time of A and B (ms, steps after the warm-up) and B/A; sides swap cores each round.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=${PYTHON:-python3}
-train=$root/examples/train.py
 args=${TRAIN_ARGS:---model gpt2 --small --batch 1}
 steps=$1 rounds=$2 cfg_a=$3 cfg_b=$4
 work=$(mktemp -d)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MEMPLAN_SUMMARY=0 MEMPLAN_WARMUP=2
 
+# shellcheck source=bench/run_cfg.sh
+source "$root/bench/run_cfg.sh"
 one() {  # CPU TAG CFG
-  local env=(MEMPLAN_BUILD="${MEMPLAN_BUILD:-$root/build}")
-  if [[ $3 == plain ]]; then
-    (cd "$work" && taskset -c "$1" "$py" "$train" $args --steps "$steps" --times "$2.json" >/dev/null 2>"$2.err")
-  else
-    IFS=';' read -r -a kv <<<"$3"
-    (cd "$work" && env "${env[@]}" "${kv[@]}" taskset -c "$1" "$root/tools/memplan-run" "$py" "$train" $args \
-      --steps "$steps" --times "$2.json" >/dev/null 2>"$2.err")
-  fi
+  (cd "$work" && run_cfg "$3" "taskset -c $1" $args --steps "$steps" --times "$2.json" 2>"$2.err")
 }
 
 for r in $(seq "$rounds"); do

@@ -13,23 +13,16 @@
 # MALLOC_COUNT_FOR=5 and MALLOC_COUNT_OUT set (bench/malloc_count.cpp).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-py=${PYTHON:-python3}
 args=${TRAIN_ARGS:---model gpt2 --small --batch 1}
 cfg=$1 short=${2:-1000} long=${3:-3000}
 work=$(mktemp -d)
 c++ -O2 -shared -fPIC -o "$work/malloc_count.so" "$root/bench/malloc_count.cpp" -ldl -lpthread
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MEMPLAN_SUMMARY=0
+# shellcheck source=bench/run_cfg.sh
+source "$root/bench/run_cfg.sh"
 one() {  # STEPS
-  local env=(MEMPLAN_BUILD="${MEMPLAN_BUILD:-$root/build}" MALLOC_COUNT_OUT="$work/calls-$1.txt")
-  if [[ $cfg == plain ]]; then
-    (cd "$work" && env "${env[@]}" LD_PRELOAD="$work/malloc_count.so" "$py" "$root/examples/train.py" $args \
-      --steps "$1" >/dev/null 2>"$work/err-$1.txt")
-  else
-    IFS=';' read -r -a kv <<<"$cfg"
-    # memplan-run puts libmemplan.so first in LD_PRELOAD and keeps ours after it.
-    (cd "$work" && env "${env[@]}" "${kv[@]}" LD_PRELOAD="$work/malloc_count.so" "$root/tools/memplan-run" "$py" \
-      "$root/examples/train.py" $args --steps "$1" >/dev/null 2>"$work/err-$1.txt")
-  fi
+  (cd "$work" && export MALLOC_COUNT_OUT="$work/calls-$1.txt" LD_PRELOAD="$work/malloc_count.so" &&
+    run_cfg "$cfg" "" $args --steps "$1" 2>"$work/err-$1.txt")
 }
 one "$short" &
 one "$long"

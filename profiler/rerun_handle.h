@@ -15,6 +15,7 @@
 #include <ATen/record_function.h>
 
 #include <optional>
+#include <vector>
 
 #include "profiler/op_determinism.h"
 #include "profiler/tensor_args.h"
@@ -53,23 +54,52 @@ inline DeterminismMode determinism_mode() {
   return {at::globalContext().deterministicAlgorithms(), at::globalContext().deterministicAlgorithmsWarnOnly()};
 }
 
-// Cost: one dispatcher lookup by name (a hash map read under the dispatcher's lock), and under
-// nondeterministic algorithms a scan of op_determinism's list; called once per recorded op, and by
-// the replayer only for ops that may re-run. The mode is read when called: a script that turns
-// deterministic algorithms off after the profile gets no recipe for those ops (their values are
-// kept, as for any op without one).
+// The checks past the lookup: the call carries every argument of `op`'s schema, and its re-run
+// reproduces its bits under the deterministic-algorithms mode as it is set now (a script that
+// turns deterministic algorithms off after the profile gets no recipe for those ops: their
+// values are kept, as for any op without one). Cost: a size compare, and under nondeterministic
+// algorithms a scan of op_determinism's list.
+inline bool rerunnable_call(const c10::OperatorHandle& op, const at::RecordFunction& fn) {
+  if (fn.inputs().size() != op.schema().arguments().size()) return false;  // kwarg-only oddities
+  const DeterminismMode mode = determinism_mode();
+  return mode.strict() || !may_differ_on_rerun(fn.name(), op_call(fn.inputs()), mode);  // op_call only if needed
+}
+
+// Cost: one dispatcher lookup by name (the operator's name copied, a hash map read under the
+// dispatcher's lock), then rerunnable_call; called once per recorded op. The replayer looks up
+// through RerunHandles.
 inline std::optional<c10::OperatorHandle> rerun_handle(const at::RecordFunction& fn) {
   const auto name = fn.operator_name();
   if (!name) return std::nullopt;
   auto op = c10::Dispatcher::singleton().findOp(*name);
-  if (!op || !op->hasSchema()) return std::nullopt;
-  if (fn.inputs().size() != op->schema().arguments().size()) return std::nullopt;  // kwarg-only oddities
-  const DeterminismMode mode = determinism_mode();
-  if (!mode.strict() && may_differ_on_rerun(fn.name(), op_call(fn.inputs()), mode)) {  // op_call only if needed
-    return std::nullopt;
-  }
+  if (!op || !op->hasSchema() || !rerunnable_call(*op, fn)) return std::nullopt;
   return op;
 }
+
+// rerun_handle for the ops of a step, by their index, with the lookup kept from step to step: a
+// kept handle is taken when the running call's schema is its very schema (RecordFunction names
+// the call by the schema the dispatcher holds, so the same name address is the same operator
+// and overload; another op at that index, in a step that left the profile, is looked up anew).
+// Only aten operators are kept: they are registered for good, so a kept handle never outlives
+// its operator (a torch.library one can be removed). Cost: a pointer compare and
+// rerunnable_call; rerun_handle's the first time.
+class RerunHandles {
+ public:
+  std::optional<c10::OperatorHandle> of(size_t op, const at::RecordFunction& fn) {
+    if (op < kept_.size() && kept_[op] && kept_[op]->schema().name().c_str() == fn.name()) {
+      return rerunnable_call(*kept_[op], fn) ? kept_[op] : std::nullopt;
+    }
+    auto h = rerun_handle(fn);
+    if (h && h->schema().name().rfind("aten::", 0) == 0) {
+      if (op >= kept_.size()) kept_.resize(op + 1);
+      kept_[op] = h;
+    }
+    return h;
+  }
+
+ private:
+  std::vector<std::optional<c10::OperatorHandle>> kept_;
+};
 
 // The device whose default generator a re-run of a random op draws from, so whose state the
 // recipe keeps: the first tensor argument not on the CPU, else a Device argument not on the CPU

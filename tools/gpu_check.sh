@@ -29,6 +29,8 @@ deps=${MEMPLAN_GPU_DEPS:-$root/.gpu-deps}
 build=${MEMPLAN_GPU_BUILD:-/tmp/memplan-gpu-build}
 out=${OUT:-/tmp/memplan-gpu-out}
 py=${MEMPLAN_GPU_PYTHON:-$(command -v python3)}
+# Read; not for the agent, which names every MEMPLAN_* variable it does not know.
+unset MEMPLAN_GPU_DEPS MEMPLAN_GPU_BUILD MEMPLAN_GPU_PYTHON
 device=cuda
 do_build=1
 configure_only=0

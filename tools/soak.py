@@ -36,7 +36,7 @@ GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-d
         "--repeat-block-at 4", "--small",
         "--torch-profiler", "--backward-in-user-hooks", "--log-grads", "--shift-buffer data",
         "--seq-random 64,48,32", "--workers 2", "--backward-raises-at 4", "--optimizer-raises-at 5",
-        "--side-thread", "--log-grads-until 4", "--zero-grad-late"] + GRADS
+        "--side-thread", "--log-grads-until 4", "--zero-grad-late", "--side-copies-until 4"] + GRADS
 FLAGS = {
     "gpt2": GPT2,
     "cnn": ["--hardswish", "--accum 2", "--eval-every 2", "--small", "--optimizer-in-backward",

@@ -963,8 +963,8 @@ def test_a_view_whose_latest_sibling_view_died_is_still_evicted(runner, plain_ru
     # op that made it. The second matmul (weights @ v) saves v. Its source was looked up by
     # storage, and only the latest view made of that storage was tried: k's transpose, which died
     # after the first matmul. The pack got no source, its eviction was refused ("kept (no
-    # recipe)"), and the step went over the budget (3.00 MiB against 2.99 at 70%, with one plan
-    # in seven). Forced here: a plan that evicts that value after its last forward reader. At
+    # recipe)"), and the step went over the budget (3.00 MiB against 2.99 at 70%, with 3 of 20
+    # fresh plans). Forced here: a plan that evicts that value after its last forward reader. At
     # batch 1 matmul saves v itself, a view (at larger batches its reshape is a copy).
     extra = ["--small", "--batch", "1"]
     replay(runner, "gpt2", "70%", extra, env={"MEMPLAN_PLAN_CACHE": "cache"})

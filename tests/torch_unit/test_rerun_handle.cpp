@@ -109,3 +109,62 @@ TEST(RerunHandle, IndexPutThroughABooleanMaskIsRerun) {
   EXPECT_EQ(handles_of("aten::index_put_", false, false, put(false)), std::vector<bool>{false});
   EXPECT_EQ(handles_of("aten::index_put_", true, false, put(false)), std::vector<bool>{true});
 }
+
+// RerunHandles: the replayer's per-op rerun_handle, with the lookup kept. Every call below is
+// taken as op 0 of a step (another op at a kept index, as in a step that left the profile): each
+// gets its own operator and overload, never the kept one of another call, and the determinism
+// test still runs on a kept handle.
+namespace {
+
+struct Calls {
+  memplan::RerunHandles handles;
+  std::vector<std::string> names;      // per call: the operator it is, "name.overload"
+  std::vector<std::string> got;        // per call: the handle's, or "-" for none
+};
+thread_local Calls* tl_calls = nullptr;
+
+std::string full_name(const c10::OperatorName& n) { return n.name + "." + n.overload_name; }
+
+std::unique_ptr<at::ObserverContext> call(const at::RecordFunction& fn) {
+  if (tl_calls == nullptr || !fn.operator_name()) return nullptr;
+  const std::string name = full_name(*fn.operator_name());
+  if (name != "aten::add.Tensor" && name != "aten::mul.Tensor" && name != "aten::index_copy_.") {
+    return nullptr;  // the arguments' making, the ops inside these
+  }
+  tl_calls->names.push_back(name);
+  const auto h = tl_calls->handles.of(0, fn);
+  tl_calls->got.push_back(h ? full_name(h->schema().operator_name()) : "-");
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(RerunHandles, AKeptHandleServesOnlyItsOwnOperatorAndStillChecksTheMode) {
+  auto& ctx = at::globalContext();
+  const bool was_on = ctx.deterministicAlgorithms(), was_warn = ctx.deterministicAlgorithmsWarnOnly();
+  Calls calls;
+  tl_calls = &calls;
+  const auto h = at::addThreadLocalCallback(at::RecordFunctionCallback(&call).needsInputs(true));
+  const at::Tensor a = at::ones({2, 3}), idx = at::tensor({0, 1}, at::kLong);
+  at::Tensor x = at::zeros({4, 3});
+  ctx.setDeterministicAlgorithms(false, false);
+  (void)at::add(a, a);                 // looked up, kept
+  (void)at::add(a, a);                 // the kept one
+  (void)at::add(a, a, 2);              // the same operator with another alpha: kept one still
+  (void)at::mul(a, a);                 // another operator at the kept index: looked up
+  (void)at::add(a, a);
+  x.index_copy_(0, idx, a);            // nondeterministic: none, nothing kept
+  ctx.setDeterministicAlgorithms(true, false);
+  x.index_copy_(0, idx, a);            // re-runnable now: kept
+  ctx.setDeterministicAlgorithms(false, false);
+  x.index_copy_(0, idx, a);            // kept, but the mode says no
+  at::removeCallback(h);
+  tl_calls = nullptr;
+  ctx.setDeterministicAlgorithms(was_on, was_warn);
+  ASSERT_EQ(calls.names.size(), 8u) << ::testing::PrintToString(calls.names);
+  const std::vector<std::string> want = {calls.names[0], calls.names[1], calls.names[2], calls.names[3],
+                                         calls.names[4], "-", calls.names[6], "-"};
+  EXPECT_EQ(calls.got, want);
+  EXPECT_EQ(calls.names[3], "aten::mul.Tensor");
+  EXPECT_EQ(calls.names[6], "aten::index_copy_.");
+}
