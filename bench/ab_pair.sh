@@ -4,9 +4,7 @@
 #
 #   bench/ab_pair.sh STEPS ROUNDS CFG_A CFG_B
 #
-# CFG: "plain" (no memplan) or ';'-separated VAR=value settings for a memplan-run run, e.g.
-#   "MEMPLAN_BUDGET=70%"  or  "MEMPLAN_PLAN=/tmp/p50.json;MEMPLAN_BUILD=/tmp/old-build"
-#   (bench/run_cfg.sh).
+# CFG: "plain" or memplan-run settings, as bench/run_cfg.sh describes ("MEMPLAN_BUDGET=70%").
 # TRAIN_ARGS (default "--model gpt2 --small --batch 1": a dispatch-bound step) go to
 # examples/train.py; PYTHON defaults to python3; MEMPLAN_BUILD to build/. Prints, per round, the
 # median step time of A and B (ms, steps after the warm-up) and B/A; sides swap cores each round.

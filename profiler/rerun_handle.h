@@ -89,6 +89,7 @@ class RerunHandles {
     if (op < kept_.size() && kept_[op] && kept_[op]->schema().name().c_str() == fn.name()) {
       return rerunnable_call(*kept_[op], fn) ? kept_[op] : std::nullopt;
     }
+    ++lookups_;
     auto h = rerun_handle(fn);
     if (h && h->schema().name().rfind("aten::", 0) == 0) {
       if (op >= kept_.size()) kept_.resize(op + 1);
@@ -97,8 +98,12 @@ class RerunHandles {
     return h;
   }
 
+  // How many calls went to the dispatcher (for tests: a kept handle saves exactly one).
+  size_t lookups() const { return lookups_; }
+
  private:
   std::vector<std::optional<c10::OperatorHandle>> kept_;
+  size_t lookups_ = 0;
 };
 
 // The device whose default generator a re-run of a random op draws from, so whose state the

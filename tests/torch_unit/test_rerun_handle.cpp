@@ -112,14 +112,15 @@ TEST(RerunHandle, IndexPutThroughABooleanMaskIsRerun) {
 
 // RerunHandles: the replayer's per-op rerun_handle, with the lookup kept. Every call below is
 // taken as op 0 of a step (another op at a kept index, as in a step that left the profile): each
-// gets its own operator and overload, never the kept one of another call, and the determinism
-// test still runs on a kept handle.
+// gets its own operator and overload, never the kept one of another call, the determinism
+// test still runs on a kept handle, and a kept handle is really taken (no second lookup).
 namespace {
 
 struct Calls {
   memplan::RerunHandles handles;
   std::vector<std::string> names;      // per call: the operator it is, "name.overload"
   std::vector<std::string> got;        // per call: the handle's, or "-" for none
+  std::vector<size_t> lookups;         // per call: the dispatcher lookups so far
 };
 thread_local Calls* tl_calls = nullptr;
 
@@ -134,6 +135,7 @@ std::unique_ptr<at::ObserverContext> call(const at::RecordFunction& fn) {
   tl_calls->names.push_back(name);
   const auto h = tl_calls->handles.of(0, fn);
   tl_calls->got.push_back(h ? full_name(h->schema().operator_name()) : "-");
+  tl_calls->lookups.push_back(tl_calls->handles.lookups());
   return nullptr;
 }
 
@@ -167,4 +169,7 @@ TEST(RerunHandles, AKeptHandleServesOnlyItsOwnOperatorAndStillChecksTheMode) {
   EXPECT_EQ(calls.got, want);
   EXPECT_EQ(calls.names[3], "aten::mul.Tensor");
   EXPECT_EQ(calls.names[6], "aten::index_copy_.");
+  // Kept handles are used: add again, add with alpha and the last index_copy_ look nothing up;
+  // index_copy_ without deterministic algorithms is looked up and, refused, not kept.
+  EXPECT_EQ(calls.lookups, (std::vector<size_t>{1, 1, 1, 2, 3, 4, 5, 5}));
 }
