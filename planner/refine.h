@@ -28,7 +28,7 @@ struct RefineOptions {
   bool enabled = true;
   int levels = 24;            // the planner searches from the best plan at this many budgets...
   int64_t level_ops = 3200;   // ... at most level_ops / forward ops of them
-  int64_t max_ops = 300;      // skipped above this many forward ops
+  int64_t max_ops = 1000;     // skipped above this many forward ops
   int64_t max_sims = 5000;    // simulations per search at most...
   int64_t sim_ops = 300000;   // ... and at most sim_ops / forward ops
 };

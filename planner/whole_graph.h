@@ -23,7 +23,8 @@ namespace memplan::planner {
 struct WholeGraphOptions {
   bool enabled = true;
   int levels = 32;              // eviction levels between nothing and everything evictable
-  int64_t max_ops = 300;        // skipped above this many forward ops (~3.5 s at 130 and at 280 ops)
+  int64_t max_ops = 1000;       // skipped above this many forward ops (with refine.h's search: ~5 s at
+                                // 130 ops, 2.5-4 s at 370-990 ops, where level_ops leaves 4-10 levels)
   int64_t level_ops = 4000;     // levels * forward ops at most: fewer levels on bigger graphs
   int nodes = 200;              // branch-and-bound nodes per solve
   double solve_time_s = 5;      // per solve, a safety net only (a solve stopped by it is dropped)

@@ -64,8 +64,9 @@ def draw(rng):
         model = rng.choice(TV_MODELS)
     if model == "gpt2" and rng.random() < 0.3:
         # Other shapes: the planner's blocks, options and the chain's length change with them.
-        # --seq only upward (the --seq-* flags draw lengths up to 64).
-        flags += [f"--width {rng.choice([64, 192, 256])}", f"--layers {rng.choice([2, 3, 6])}",
+        # --seq only upward (the --seq-* flags draw lengths up to 64). 12 layers: 370 forward ops,
+        # past 300, where the whole-graph ILP and the local search used to be left out.
+        flags += [f"--width {rng.choice([64, 192, 256])}", f"--layers {rng.choice([2, 3, 6, 12])}",
                   f"--seq {rng.choice([64, 96, 128])}"]
     budget = rng.choice([f"{rng.randint(25, 110)}%", f"{rng.randint(25, 110)}%", "1%"])
     return {"model": model, "flags": flags, "budget": budget, "warmup": rng.randint(1, 3),
