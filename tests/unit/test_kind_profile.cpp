@@ -97,6 +97,37 @@ TEST(KindProfile, EachNodeTakesTheMostAnyRecordAllocated) {
   EXPECT_EQ(p.backward[2].live_before, r[2].backward[2].live_before + 140);
 }
 
+// `p` with one more AccumulateGrad node per entry of `alloc`, each allocating that much (another
+// thread's tensor made, or freed, while the node ran).
+Profile with_acc_nodes(Profile p, const std::vector<int64_t>& alloc) {
+  for (int64_t a : alloc) {
+    const int64_t at = p.backward.back().live_after;
+    p.backward.push_back(node(kAcc, at, at + a, std::max(at, at + a)));
+  }
+  p.end_bytes = p.backward.back().live_after;
+  return p;
+}
+
+// Another thread that allocates and frees while the step runs puts its tensors inside some
+// AccumulateGrad nodes of one record and its frees inside others, of either record: no
+// gradients. What a record allocated beyond the latest is lent only when it is one-sided.
+TEST(KindProfile, AnotherThreadsAllocationsInsideAccumulateGradNodesAreNoGradients) {
+  FreshGradients fresh;
+  // Both add into their gradients; one 16-byte tensor made inside a node of each (of the other
+  // thread), the earlier record's also freed inside a later node.
+  const std::vector<Profile> noise = {with_acc_nodes(micro(0, false), {16, 0, -16, 0}),
+                                      with_acc_nodes(micro(1, false), {0, 16, 0, 0})};
+  const Profile p = with_fresh_gradients(noise, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 0);
+  EXPECT_EQ(p.peak_bytes, noise[1].peak_bytes);
+  // The same noise beside a gradient made afresh: lent, the noise with it.
+  const std::vector<Profile> real = {with_acc_nodes(micro(0, true), {16, 0, -16, 0}),
+                                     with_acc_nodes(micro(1, false), {0, 16, 0, 0})};
+  with_fresh_gradients(real, 1, &fresh);
+  EXPECT_EQ(fresh.bytes, 116);
+  EXPECT_EQ(fresh.from_step, 0);
+}
+
 TEST(KindProfile, AnAccumulateGradNodeRisesAsHighAsInAnyRecord) {
   // The first micro-step copied the incoming gradient (both alive for a moment) where the latest
   // added into the existing one.
