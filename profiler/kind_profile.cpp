@@ -10,6 +10,11 @@ constexpr const char* kAccumulateGrad = "torch::autograd::AccumulateGrad";
 
 int64_t allocated(const Op& n) { return n.live_after - n.live_before; }
 
+// What record `o` allocated beyond `p` in backward node j (negative: less).
+int64_t allocated_beyond(const Profile& o, const Profile& p, size_t j) {
+  return allocated(o.backward[j]) - allocated(p.backward[j]);
+}
+
 // Whether what record `o` allocated beyond `p` at the AccumulateGrad nodes looks like gradients
 // made afresh rather than another thread's allocations caught inside those short nodes. Memory is
 // counted process-wide: a thread that allocates and frees while the step runs (a prefetch or
@@ -23,7 +28,7 @@ bool one_sided(const Profile& o, const Profile& p) {
   int64_t above = 0, below = 0;
   for (size_t j = 0; j < p.backward.size(); ++j) {
     if (p.backward[j].name != kAccumulateGrad) continue;
-    const int64_t more = allocated(o.backward[j]) - allocated(p.backward[j]);
+    const int64_t more = allocated_beyond(o, p, j);
     (more > 0 ? above : below) += more > 0 ? more : -more;
   }
   return above > 2 * below;
@@ -64,7 +69,7 @@ Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest
       if (keeps) kept_before[j] = std::max(kept_before[j], kept);
       if (p.backward[j].name == kAccumulateGrad) {
         rise[j] = std::max(rise[j], o.backward[j].peak - o.backward[j].live_before);
-        const int64_t more = allocated(o.backward[j]) - allocated(p.backward[j]);
+        const int64_t more = allocated_beyond(o, p, j);
         kept += more;
         if (more > 0 && lends) {
           by_record[r] += more;
