@@ -443,7 +443,7 @@ Saved Agent::pack(const at::Tensor& t) {
     s.value = recorder_.on_pack(t);
     s.step = steps_;
     each_replayer([&](Replayer& r) { r.on_pack(h.s, t, recorder_.pack_owner()); });
-    if (choice_.profile || plans_[static_cast<size_t>(choice_.plan)].fresh_bytes > 0) watch_param(t);
+    if (choice_.profile || plans_[static_cast<size_t>(choice_.plan)].grads.fresh_bytes > 0) watch_param(t);
   }
   return h;
 }
@@ -710,6 +710,7 @@ void Agent::end_step(Profile p) {
              "its kind of step is profiled and planned on its own");
   }
   bool other_kind = false;  // ran other ops than its kind's, undetected while it ran
+  bool measured = false;    // its peak measures its plan's prediction
   if (!choice_.profile && !diverged && p.signature != choice_.kind) {  // (a divergence says so itself)
     // The same ops with other sizes, in a kind whose ops' sizes follow from data (a loss over the
     // tokens a mask keeps): a step of the kind it replayed (Replayer::check_divergence let it run
@@ -746,6 +747,7 @@ void Agent::end_step(Profile p) {
       }
       // A smaller step of the same ops (Choice::family) is measured apart: its peak says whether
       // it kept to the budget, not how good the prediction for the plan's own size was.
+      measured = !choice_.family;
       (choice_.family ? st.family_peak : st.measured_peak).push_back(p.peak_bytes);
       (choice_.family ? st.family_baseline : st.measured_baseline).push_back(p.baseline_bytes);
       st.count_step(p.overhead_us, p.step, recorder_.light());
@@ -770,6 +772,7 @@ void Agent::end_step(Profile p) {
     if (plan_now) plan_record(profiles_.size() - 1);
   } else {
     check_gradient_credit(p);
+    if (measured) check_gap(p);
     if (diverged) plan_covering_record(p.signature);
   }
   if (std::optional<std::string> why = kinds_.give_up()) {
@@ -876,7 +879,7 @@ bool Agent::nothing_to_do() const {
     const PlanRecord& rec = plans_[static_cast<size_t>(plan)];
     // Made without gradients a step may yet allocate: watched (credit_at_begin), the plan that
     // counts them may have actions.
-    if (rec.replayer || (rec.credited >= 0 && rec.fresh_bytes > 0)) return false;
+    if (rec.replayer || (rec.grads.credited >= 0 && rec.grads.fresh_bytes > 0)) return false;
   }
   return true;
 }
@@ -896,12 +899,12 @@ void Agent::plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredite
   if (phase_ == Phase::Warmup) nvtx::range_pop();  // memplan/warmup
   write_outputs();
   PlanRecord rec = make_plan(p);
-  rec.uncredited = std::move(uncredited);
-  rec.fresh_bytes = rec.uncredited ? fresh.bytes : 0;
-  rec.fresh_from = fresh.from_step;
-  rec.param = step_param_;
-  rec.began_with_grads = !began_without;
-  rec.rounds_at_plan = opt_rounds_;
+  rec.grads.uncredited = std::move(uncredited);
+  rec.grads.fresh_bytes = rec.grads.uncredited ? fresh.bytes : 0;
+  rec.grads.fresh_from = fresh.from_step;
+  rec.grads.param = step_param_;
+  rec.grads.began_with_grads = !began_without;
+  rec.grads.rounds_at_plan = opt_rounds_;
   if (!plans_.empty()) {
     info("planned another kind of step ({} op sequences seen): each kind replays its own plan",
          kinds_.kinds());
@@ -943,6 +946,7 @@ Agent::PlanRecord Agent::make_plan(const Profile& p, const std::string& variant)
   rec.structure = p.structure_signature;
   rec.data_dependent = std::any_of(p.forward.begin(), p.forward.end(), data_dependent_shape);
   rec.ops = OpSequence(p.forward);
+  rec.planned = std::make_shared<const Profile>(p);
   const auto t0 = std::chrono::steady_clock::now();
   {
     nvtx::ScopedRange range("memplan/plan");
@@ -1150,8 +1154,9 @@ void Agent::write_report(const std::string& path) const {
   }
   // "index": the plan's place among all made (PlanRecord); "replaces": the plan of the same kind
   // it was made to replace (check_gradient_credit), or -1; "variant_of": the plan whose steps that
-  // begin without gradients it replays (plan_without_gradients), or -1; "in_use": its kind's plan
-  // at the end.
+  // begin without gradients it replays (plan_without_gradients), or -1; "remade_from": the plan
+  // of its kind it replaced after a step of that one freed less between forward and backward and
+  // peaked over its prediction (check_gap), or -1; "in_use": its kind's plan at the end.
   auto plan_json = [this](const PlanRecord& rec) {
     const PlanInfo& i = rec.info;
     const int index = static_cast<int>(&rec - plans_.data());
@@ -1162,7 +1167,8 @@ void Agent::write_report(const std::string& path) const {
                           {"evictions", i.evictions}, {"recomputes", i.recomputes}, {"rerun_ops", i.rerun_ops},
                           {"planning_s", i.planning_s},
                           {"kind", fmt::format("{:016x}", rec.kind)}, {"actions", rec.replayer != nullptr},
-                          {"index", index}, {"replaces", rec.credited}, {"variant_of", rec.variant_of},
+                          {"index", index}, {"replaces", rec.grads.credited}, {"variant_of", rec.grads.variant_of},
+                          {"remade_from", rec.remade_from},
                           {"in_use", kinds_.plan_of(rec.kind) == index}};
   };
   // "plan": the latest plan made (the only one, unless the script runs several kinds of step);

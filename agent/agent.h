@@ -95,26 +95,35 @@ class Agent final : public OpSink {
     uint64_t structure = 0;              // its profile's structure_signature
     bool data_dependent = false;         // its profile has an op whose output shape follows from data
     OpSequence ops;                      // its profile's forward ops (narrow_kinds)
-    // Gradient accumulation (kind_profile.h): the plan counts `fresh_bytes` of gradients that
-    // another record of the kind allocated; `uncredited` is the kind's own record without them.
-    // Whether its steps do allocate them is watched (check_gradient_credit).
-    std::shared_ptr<const Profile> uncredited;
-    int64_t fresh_bytes = 0;
-    int64_t fresh_from = -1;     // the step that allocated them
-    int64_t rounds_at_plan = 0;  // optimizer rounds (opt_rounds_) when the plan was made
-    int fresh_free = 0;          // its replayed steps since then, none of which allocated them
-    int64_t free_peak = 0;       // the highest of their peaks, above their baselines
-    bool credit_settled = false; // a step of it allocated them, or the plan without them replaced it
-    int credited = -1;           // a plan made without them: the index of the one that counts them
-    // A parameter its steps save for backward (Agent::pack): a step that begins while its
-    // gradient is unset allocates it.
-    c10::weak_intrusive_ptr<c10::TensorImpl> param{c10::intrusive_ptr<c10::TensorImpl>()};
-    // Its record began with the gradients set; a step that begins without them replays the plan
-    // at `without_grads` (made from a record of the kind that began so; -1: not yet, -2: none).
-    bool began_with_grads = false;
+    // What it knows of its steps' gradients (kind_profile.h; fresh_gradients.cpp), carried over
+    // to a plan that replaces it for a step's gap (check_gap).
+    struct Gradients {
+      // Gradient accumulation: the plan counts `fresh_bytes` of gradients that another record of
+      // the kind allocated; `uncredited` is the kind's own record without them. Whether its steps
+      // do allocate them is watched (check_gradient_credit).
+      std::shared_ptr<const Profile> uncredited;
+      int64_t fresh_bytes = 0;
+      int64_t fresh_from = -1;     // the step that allocated them
+      int64_t rounds_at_plan = 0;  // optimizer rounds (opt_rounds_) when the plan was made
+      int fresh_free = 0;          // its replayed steps since then, none of which allocated them
+      int64_t free_peak = 0;       // the highest of their peaks, above their baselines
+      bool credit_settled = false; // a step of it allocated them, or the plan without them replaced it
+      int credited = -1;           // a plan made without them: the index of the one that counts them
+      // A parameter its steps save for backward (Agent::pack): a step that begins while its
+      // gradient is unset allocates it.
+      c10::weak_intrusive_ptr<c10::TensorImpl> param{c10::intrusive_ptr<c10::TensorImpl>()};
+      // Its record began with the gradients set; a step that begins without them replays the
+      // plan at `without_grads` (made from a record of the kind that began so; -1: not yet, -2:
+      // none).
+      bool began_with_grads = false;
+      int without_grads = -1;
+      int variant_of = -1;  // that plan: the index of the plan it stands in for
+    } grads;
     int64_t record_step = -1;  // the step of the record it was made from
-    int without_grads = -1;
-    int variant_of = -1;  // that plan: the index of the plan it stands in for
+    // The record it was planned from, as the planner got it (check_gap plans it again).
+    std::shared_ptr<const Profile> planned;
+    int remade_from = -1;  // the plan of its kind it replaced for a step that freed less (check_gap)
+    int remakes = 0;       // how many plans of its kind came before it so
   };
 
   Agent();
@@ -135,6 +144,7 @@ class Agent final : public OpSink {
                  bool began_without);
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);
+  void check_gap(const Profile& p);
   void said_graph_kept();
   void credit_at_begin();
   bool lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param) const;

@@ -36,7 +36,7 @@ const at::Tensor* param_behind(const torch::autograd::Node& fn, int depth) {
 void Agent::watch_param(const at::Tensor& t) {
   constexpr int kDepth = 3;
   c10::weak_intrusive_ptr<c10::TensorImpl>& w =
-      choice_.profile ? step_param_ : plans_[static_cast<size_t>(choice_.plan)].param;
+      choice_.profile ? step_param_ : plans_[static_cast<size_t>(choice_.plan)].grads.param;
   if (!w.expired()) return;
   const at::Tensor* param = t.is_leaf() ? (t.requires_grad() ? &t : nullptr)
                             : t.grad_fn() ? param_behind(*t.grad_fn(), kDepth)
@@ -62,18 +62,19 @@ void Agent::credit_at_begin() {
   if (choice_.profile || choice_.plan < 0) return;
   const auto index = static_cast<size_t>(choice_.plan);
   PlanRecord& rec = plans_[index];
-  if (rec.fresh_bytes == 0 && rec.credited < 0 && rec.began_with_grads && lacks_gradient(rec.param)) {
+  const PlanRecord::Gradients& g = rec.grads;
+  if (g.fresh_bytes == 0 && g.credited < 0 && g.began_with_grads && lacks_gradient(g.param)) {
     const int variant = plan_without_gradients(index);
     if (variant >= 0) choice_.plan = variant;
     return;
   }
-  if (rec.credited < 0 || rec.fresh_bytes == 0 || !lacks_gradient(rec.param)) return;
+  if (g.credited < 0 || g.fresh_bytes == 0 || !lacks_gradient(g.param)) return;
   info("step {} begins with no gradients, and will allocate the {} of them its plan left out (gradient "
        "accumulation): its kind of step goes back to the plan that counts them",
-       steps_, format_bytes(rec.fresh_bytes));
-  rec.fresh_bytes = 0;  // watched no more
-  choice_.plan = rec.credited;
-  kinds_.set_plan(rec.kind, rec.credited);
+       steps_, format_bytes(rec.grads.fresh_bytes));
+  rec.grads.fresh_bytes = 0;  // watched no more
+  choice_.plan = rec.grads.credited;
+  kinds_.set_plan(rec.kind, rec.grads.credited);
 }
 
 // `param` is alive and has no gradient. Cost: a weak pointer's lock and a read.
@@ -90,16 +91,16 @@ bool Agent::lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param
 // plan).
 int Agent::plan_without_gradients(size_t index) {
   PlanRecord& rec = plans_[index];
-  if (rec.without_grads != -1) return rec.without_grads;
-  rec.without_grads = -2;
+  if (rec.grads.without_grads != -1) return rec.grads.without_grads;
+  rec.grads.without_grads = -2;
   // The variant from `p`, its plan cache tag and what its source adds.
   auto variant_from = [&](const Profile& p, const char* tag, const char* source) {
     PlanRecord variant = make_plan(p, tag);
-    variant.variant_of = static_cast<int>(index);
+    variant.grads.variant_of = static_cast<int>(index);
     variant.info.source += source;
     plans_.push_back(std::move(variant));  // (rec is invalid from here)
     const int at = static_cast<int>(plans_.size()) - 1;
-    plans_[index].without_grads = at;
+    plans_[index].grads.without_grads = at;
     return at;
   };
   for (size_t i = profiles_.size(); i-- > 0;) {
@@ -145,45 +146,46 @@ void Agent::check_gradient_credit(const Profile& p) {
   if (choice_.profile || choice_.plan < 0) return;
   const auto index = static_cast<size_t>(choice_.plan);
   PlanRecord& rec = plans_[index];
-  if (rec.fresh_bytes == 0 || kinds_.plan_of(rec.kind) != static_cast<int>(index)) return;
-  const Profile& u = *rec.uncredited;
+  if (rec.grads.fresh_bytes == 0 || kinds_.plan_of(rec.kind) != static_cast<int>(index)) return;
+  const Profile& u = *rec.grads.uncredited;
   // What the step left allocated beyond what the record without them left: the gradients.
-  const bool fresh = (p.end_bytes - p.baseline_bytes) - (u.end_bytes - u.baseline_bytes) > rec.fresh_bytes / 2;
-  if (rec.credited >= 0) {
+  const bool fresh = (p.end_bytes - p.baseline_bytes) - (u.end_bytes - u.baseline_bytes) > rec.grads.fresh_bytes / 2;
+  if (rec.grads.credited >= 0) {
     if (!fresh) return;
     warn("step {} allocated the {} of gradients its plan left out (gradient accumulation): its kind of step "
          "goes back to the plan that counts them",
-         p.step, format_bytes(rec.fresh_bytes));
-    kinds_.set_plan(rec.kind, rec.credited);
-    rec.fresh_bytes = 0;  // watched no more
+         p.step, format_bytes(rec.grads.fresh_bytes));
+    kinds_.set_plan(rec.kind, rec.grads.credited);
+    rec.grads.fresh_bytes = 0;  // watched no more
     return;
   }
-  if (rec.credit_settled) return;
+  if (rec.grads.credit_settled) return;
   if (fresh) {
-    rec.credit_settled = true;
+    rec.grads.credit_settled = true;
     return;
   }
   if (p.signature != rec.kind || (rec.replayer && rec.replayer->diverged())) return;
-  rec.free_peak = std::max(rec.free_peak, p.peak_bytes - p.baseline_bytes);
-  if (++rec.fresh_free < kFreeSteps || opt_rounds_ - rec.rounds_at_plan < kFreeRounds) return;
-  rec.credit_settled = true;
+  rec.grads.free_peak = std::max(rec.grads.free_peak, p.peak_bytes - p.baseline_bytes);
+  if (++rec.grads.fresh_free < kFreeSteps || opt_rounds_ - rec.grads.rounds_at_plan < kFreeRounds) return;
+  rec.grads.credit_settled = true;
   // Nothing planned that counting them made more of; or the user's plan file, which any plan
   // of these ops would be again; or the steps peaked as predicted all the same (elsewhere than
   // where the gradients would add: GPT-2's peak comes before them), so another plan would do
   // about the same: not worth planning again (a second, for GPT-2).
   const int64_t predicted = rec.info.predicted_peak - rec.info.baseline;
-  if (!rec.replayer || !options().plan.empty() || rec.free_peak >= predicted - predicted / 50) return;
+  if (!rec.replayer || !options().plan.empty() || rec.grads.free_peak >= predicted - predicted / 50) return;
   info("{} later steps of the kind of step {}, over {} optimizer steps, allocated none of the {} of gradients "
        "that step allocated (they exist when its steps begin, or are zeroed within them): that kind is planned "
        "again without them",
-       rec.fresh_free, rec.fresh_from, opt_rounds_ - rec.rounds_at_plan, format_bytes(rec.fresh_bytes));
-  PlanRecord next = make_plan(*rec.uncredited, "-without-fresh-gradients");
-  next.uncredited = rec.uncredited;
-  next.fresh_bytes = rec.fresh_bytes;
-  next.fresh_from = rec.fresh_from;
-  next.credited = static_cast<int>(index);
+       rec.grads.fresh_free, rec.grads.fresh_from, opt_rounds_ - rec.grads.rounds_at_plan,
+       format_bytes(rec.grads.fresh_bytes));
+  PlanRecord next = make_plan(*rec.grads.uncredited, "-without-fresh-gradients");
+  next.grads.uncredited = rec.grads.uncredited;
+  next.grads.fresh_bytes = rec.grads.fresh_bytes;
+  next.grads.fresh_from = rec.grads.fresh_from;
+  next.grads.credited = static_cast<int>(index);
   next.info.source += ", its gradients not counted";
-  next.param = rec.param;
+  next.grads.param = rec.grads.param;
   plans_.push_back(std::move(next));  // (rec is invalid from here)
   kinds_.set_plan(plans_.back().kind, static_cast<int>(plans_.size()) - 1);
 }

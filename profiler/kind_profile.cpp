@@ -128,4 +128,18 @@ Profile with_gradients_kept(const Profile& recorded, int64_t* added) {
   return p;
 }
 
+Profile with_gap_kept(const Profile& recorded, int64_t bytes) {
+  Profile p = recorded;
+  if (bytes <= 0 || p.backward.empty()) return p;
+  for (Op& n : p.backward) {
+    n.live_before += bytes;
+    n.live_after += bytes;
+    n.peak += bytes;
+    p.peak_bytes = std::max(p.peak_bytes, n.peak);
+  }
+  p.end_bytes += bytes;
+  if (p.gap_bytes) *p.gap_bytes += bytes;
+  return p;
+}
+
 }  // namespace memplan

@@ -220,6 +220,7 @@ void Recorder::light_op_end(const at::RecordFunction& fn) {
     --light_ops_;
     if (light_ops_ == 0) in_step_ = false;
   } else {
+    light_fwd_end_live_ = memory_->live();
     light_sig_ = fold_signature(light_sig_, light_hash_);
     light_struct_sig_ = fold_signature(light_struct_sig_, light_structure_);
   }
@@ -425,10 +426,12 @@ void Recorder::node_start(const at::RecordFunction& fn) {
   if (std::strncmp(name, kEnginePrefix, std::strlen(kEnginePrefix)) == 0) return;
   current_node_name_ = name;
   if (light_) {
+    if (light_nodes_ == 0 && light_ops_ > 0) profile_.gap_bytes = memory_->live() - light_fwd_end_live_;
     current_node_ = light_nodes_++;
     return;
   }
   const int64_t idx = static_cast<int64_t>(profile_.backward.size());
+  if (idx == 0 && !profile_.forward.empty()) profile_.gap_bytes = memory_->live() - profile_.forward.back().live_after;
   if (idx > 0) absorb_gap(&profile_.backward.back());
   Op& n = profile_.backward.emplace_back();
   n.name = name;

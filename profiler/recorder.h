@@ -132,6 +132,7 @@ class Recorder {
   bool light_ = false, light_next_ = false;
   int64_t light_ops_ = 0, light_nodes_ = 0;  // light mode: ops and nodes so far
   uint64_t light_hash_ = 0;                  // light mode: hash of the running / last op
+  int64_t light_fwd_end_live_ = 0;           // light mode: allocated when the last kept op ended
   uint64_t light_structure_ = 0;             // ... and its structure hash
   uint64_t light_sig_ = 0;                   // light mode: signature of the kept ops so far
   uint64_t light_struct_sig_ = 0;            // ... and their structure signature

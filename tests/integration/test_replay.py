@@ -500,6 +500,30 @@ def test_layerdrop_steps_replay_the_plan_of_the_deepest_step(runner, plain_runs)
                for q in report["plans"]) >= 24 - 12
 
 
+def test_a_kind_whose_record_freed_more_before_backward_is_planned_again_with_that_kept(runner, plain_runs):
+    # --accum 2 --zero-grad-late: the first micro-step of each round sets the gradients to None
+    # between its forward and backward; --depth-random: a step runs 4 blocks or 1. The one-block
+    # kind's record (step 2) followed a four-block step and so freed all four blocks' gradients
+    # there; its plan took that as every one-block step's, and the later ones, freeing less, ran
+    # their backward above the prediction (+15.5% and +8.9% in turn, tools/soak.py). The first
+    # replayed step that freed less and peaked over the prediction has its kind planned again
+    # with the difference kept through backward; that one step ran over, none after it.
+    extra = ["--accum", "2", "--depth-random", "--zero-grad-late"]
+    p, report = identical_replay(runner, plain_runs, "gpt2", "min", extra, {"MEMPLAN_WARMUP": 3})
+    assert p.stderr.count("planned again with that memory kept through backward") == 1
+    remade = [q for q in report["plans"] if q["remade_from"] >= 0]
+    assert len(remade) == 1 and remade[0]["in_use"]
+    first_peaks, first = plan_peaks(report, remade[0]["remade_from"])
+    assert first["kind"] == remade[0]["kind"] and not first["in_use"]
+    assert len(first_peaks) == 1 and first_peaks[0] > first["predicted_peak_bytes"] * 1.02, (first_peaks, first)
+    peaks, plan = plan_peaks(report, remade[0]["index"])
+    assert len(peaks) >= 4
+    # Steps that free the most there end under it (what their gradients take); none over.
+    assert plan["predicted_peak_bytes"] * (1 - TOLERANCE) <= max(peaks) <= plan["predicted_peak_bytes"] * 1.01, \
+        (peaks, plan)
+    assert max(peaks) <= plan["min_feasible_bytes"] * 1.01
+
+
 def test_independent_layerdrop_plans_a_recorded_deeper_step_when_a_step_diverges(runner, plain_runs):
     # Each of 6 blocks is skipped with probability 0.3 (fairseq's LayerDrop; steps that run the
     # same number of blocks run the same ops). The warm-up's last step ran 4 blocks, its first 5:

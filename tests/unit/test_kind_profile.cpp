@@ -238,4 +238,27 @@ TEST(KindProfile, ALaterMicroStepWithItsGradientsKeptIsTheFirstMicroStep) {
   EXPECT_EQ(q.backward[2].live_after, first.backward[2].live_after);
 }
 
+TEST(KindProfile, WhatAStepFreesLessBeforeBackwardIsKeptThroughItsBackward) {
+  Profile p = micro(3, false);
+  p.gap_bytes = -100;  // the record freed a gradient between forward and backward
+  const Profile k = with_gap_kept(p, 100);
+  ASSERT_EQ(k.backward.size(), p.backward.size());
+  for (size_t j = 0; j < p.backward.size(); ++j) {
+    EXPECT_EQ(k.backward[j].live_before, p.backward[j].live_before + 100) << j;
+    EXPECT_EQ(k.backward[j].live_after, p.backward[j].live_after + 100) << j;
+    EXPECT_EQ(k.backward[j].peak, p.backward[j].peak + 100) << j;
+  }
+  EXPECT_EQ(k.peak_bytes, p.peak_bytes + 100);  // the peak is a backward node's
+  EXPECT_EQ(k.end_bytes, p.end_bytes + 100);
+  EXPECT_EQ(*k.gap_bytes, 0);
+  // The forward as it was, and the step's peak where the forward's is higher.
+  EXPECT_EQ(k.forward[0].live_after, p.forward[0].live_after);
+  Profile high = p;
+  high.forward[0].peak = high.peak_bytes = p.peak_bytes + 1000;
+  EXPECT_EQ(with_gap_kept(high, 100).peak_bytes, high.peak_bytes);
+  // Nothing less: as it is.
+  EXPECT_EQ(with_gap_kept(p, 0).end_bytes, p.end_bytes);
+  EXPECT_EQ(with_gap_kept(p, -50).backward[0].peak, p.backward[0].peak);
+}
+
 }  // namespace memplan
