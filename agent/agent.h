@@ -124,6 +124,10 @@ class Agent final : public OpSink {
     std::shared_ptr<const Profile> planned;
     int remade_from = -1;  // the plan of its kind it replaced for a step that freed less (check_gap)
     int remakes = 0;       // how many plans of its kind came before it so
+    // Its latest replayed steps in a row that freed more there and peaked under (check_gap), and
+    // the least any of them freed beyond the record.
+    int more_freed_steps = 0;
+    int64_t more_freed = 0;
   };
 
   Agent();
@@ -145,6 +149,7 @@ class Agent final : public OpSink {
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);
   void check_gap(const Profile& p);
+  void remake_for_gap(size_t index, int64_t bytes);
   void said_graph_kept();
   void credit_at_begin();
   bool lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param) const;

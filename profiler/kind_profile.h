@@ -55,15 +55,16 @@ Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest
 // +12.3%; tools/soak.py). `*added` (may be null): the bytes kept by the end (0: `p` as it is).
 Profile with_gradients_kept(const Profile& p, int64_t* added = nullptr);
 
-// `p` as a step runs it that frees `bytes` less between forward and backward than `p` did: every
-// backward node's live and peak counts, and the step's end, rise by them. A script that zeroes
-// the gradients there frees what the previous step left, which another kind of step may have
-// made (GPT-2 with --depth-random --accum 2 --zero-grad-late: a one-block step's only record
-// followed a four-block step and freed its gradients; the next micro-step frees none), so the
-// record's gap says little about its kind's other steps; the agent watches the gap of each
-// replayed step (agent/gap_check.cpp). Kept to the end of backward, on the safe side: a step
-// that zeroes nothing there adds into its gradients rather than allocating them, and so ends
-// under this by up to its gradients.
+// `p` as a step runs it that frees `bytes` less between forward and backward than `p` did
+// (negative: more): every backward node's live and peak counts, and the step's end, move by them.
+// A script that zeroes the gradients there frees what the previous step left, which another kind
+// of step may have made (GPT-2 with --depth-random --accum 2 --zero-grad-late: a one-block step's
+// only record followed a four-block step and freed its gradients; the next micro-step frees
+// none), or none at all before the record (MEMPLAN_WARMUP=1: the run's first step, whose later
+// steps each free the gradients there), so the record's gap says little about its kind's other
+// steps; the agent watches the gap of each replayed step (agent/gap_check.cpp). Kept to the end
+// of backward, on the safe side: a step that zeroes nothing there adds into its gradients rather
+// than allocating them, and so ends under this by up to its gradients.
 Profile with_gap_kept(const Profile& p, int64_t bytes);
 
 }  // namespace memplan

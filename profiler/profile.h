@@ -119,8 +119,8 @@ struct Profile {
   // The step's backward kept its graph for another (retain_graph / create_graph): what autograd
   // saved outlives the nodes that read it, to the step's end and beyond.
   bool graph_kept = false;
-  // In-process only, not written: allocated when the first backward node began minus when the
-  // last forward op ended (negative: what the script freed between them, zero_grad before
+  // In-process only, not written: allocated when the backward began minus when the last
+  // forward op ended (negative: what the script freed between them, zero_grad before
   // backward). Measured in light records too, which have no ops to read it from. Null: the step
   // had no backward, or a record read from a file.
   std::optional<int64_t> gap_bytes;

@@ -374,6 +374,9 @@ void Recorder::begin_backward() {
   profile_.forward_us = backward_t0_us_;
   held_watch_.clear();  // what still holds them now is what held_outside counts
   input_watch_.clear();
+  // What the script freed (or allocated) since the forward's last op: zero_grad here.
+  if (light_ ? light_ops_ > 0 : !profile_.forward.empty())
+    profile_.gap_bytes = memory_->live() - (light_ ? light_fwd_end_live_ : profile_.forward.back().live_after);
   if (light_) return;
   if (!profile_.forward.empty()) absorb_gap(&profile_.forward.back());
   for (InputVersion& iv : input_versions_) {
@@ -426,12 +429,10 @@ void Recorder::node_start(const at::RecordFunction& fn) {
   if (std::strncmp(name, kEnginePrefix, std::strlen(kEnginePrefix)) == 0) return;
   current_node_name_ = name;
   if (light_) {
-    if (light_nodes_ == 0 && light_ops_ > 0) profile_.gap_bytes = memory_->live() - light_fwd_end_live_;
     current_node_ = light_nodes_++;
     return;
   }
   const int64_t idx = static_cast<int64_t>(profile_.backward.size());
-  if (idx == 0 && !profile_.forward.empty()) profile_.gap_bytes = memory_->live() - profile_.forward.back().live_after;
   if (idx > 0) absorb_gap(&profile_.backward.back());
   Op& n = profile_.backward.emplace_back();
   n.name = name;

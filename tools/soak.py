@@ -99,6 +99,7 @@ def check(cfg):
         replaced = {p.get("replaces", -1) for p in plans.values()}
         # A plan remade after a step of it freed less between forward and backward than its record
         # (agent/gap_check.cpp): that one step, its last, ran over; the new plan is checked as any.
+        # (Remade after steps that freed more, its steps were under: nothing to leave out.)
         remade = {p.get("remade_from", -1) for p in plans.values()}
         notes = []
         for r in rep.get("replay", []):

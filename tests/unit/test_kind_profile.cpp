@@ -256,9 +256,25 @@ TEST(KindProfile, WhatAStepFreesLessBeforeBackwardIsKeptThroughItsBackward) {
   Profile high = p;
   high.forward[0].peak = high.peak_bytes = p.peak_bytes + 1000;
   EXPECT_EQ(with_gap_kept(high, 100).peak_bytes, high.peak_bytes);
-  // Nothing less: as it is.
   EXPECT_EQ(with_gap_kept(p, 0).end_bytes, p.end_bytes);
-  EXPECT_EQ(with_gap_kept(p, -50).backward[0].peak, p.backward[0].peak);
+}
+
+TEST(KindProfile, WhatAStepFreesMoreBeforeBackwardIsFreedThroughItsBackward) {
+  Profile p = micro(0, true);
+  p.gap_bytes = 0;  // the run's first step: no gradients to free
+  const Profile k = with_gap_kept(p, -100);
+  for (size_t j = 0; j < p.backward.size(); ++j) {
+    EXPECT_EQ(k.backward[j].live_before, p.backward[j].live_before - 100) << j;
+    EXPECT_EQ(k.backward[j].live_after, p.backward[j].live_after - 100) << j;
+    EXPECT_EQ(k.backward[j].peak, p.backward[j].peak - 100) << j;
+  }
+  EXPECT_EQ(k.end_bytes, p.end_bytes - 100);
+  EXPECT_EQ(*k.gap_bytes, -100);
+  EXPECT_EQ(k.peak_bytes, p.peak_bytes - 100);  // backward's peak, lowered
+  // Lowered only down to the forward's peak, which stays.
+  const Profile far = with_gap_kept(p, -300);
+  EXPECT_EQ(far.backward[0].peak, p.backward[0].peak - 300);
+  EXPECT_EQ(far.peak_bytes, p.forward[0].peak);
 }
 
 }  // namespace memplan
