@@ -99,7 +99,7 @@ def check(cfg):
         replaced = {p.get("replaces", -1) for p in plans.values()}
         # A plan remade after a step of it freed less between forward and backward than its record
         # (agent/gap_check.cpp): that one step, its last, ran over; the new plan is checked as any.
-        # (Remade after steps that freed more, its steps were under: nothing to leave out.)
+        # (Remade after steps that freed more, its steps were under: nothing is left out.)
         remade = {p.get("remade_from", -1) for p in plans.values()}
         notes = []
         for r in rep.get("replay", []):
@@ -117,14 +117,15 @@ def check(cfg):
                      for p, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
             if not peaks:
                 continue
-            if r.get("plan") in remade:
-                notes.append(f"remade after a step {max(peaks) / plan['predicted_peak_bytes'] * 100 - 100:+.1f}% "
+            if r.get("plan") in remade and peaks[-1] > plan["predicted_peak_bytes"] * 1.05:
+                notes.append(f"remade after a step {peaks[-1] / plan['predicted_peak_bytes'] * 100 - 100:+.1f}% "
                              "vs predicted")
                 peaks = peaks[:-1]
                 if not peaks:
                     continue
             err = max(peaks) / plan["predicted_peak_bytes"] - 1
-            notes.append(f"peak {err * 100:+.1f}% vs predicted" + (" (replaced)" if r.get("plan") in replaced else ""))
+            notes.append(f"peak {err * 100:+.1f}% vs predicted" + (" (replaced)" if r.get("plan") in replaced else "")
+                         + (" (remade)" if r.get("plan") in remade else ""))
             # Informational: ops re-run beyond the plan's are time (and transients) it never priced.
             planned = r.get("steps", 0) * plan.get("rerun_ops", -1)
             if planned >= 0 and r.get("ops_rerun", 0) > planned:
