@@ -1156,7 +1156,8 @@ void Agent::write_report(const std::string& path) const {
   // it was made to replace (check_gradient_credit), or -1; "variant_of": the plan whose steps that
   // begin without gradients it replays (plan_without_gradients), or -1; "remade_from": the plan
   // of its kind it replaced after a step of that one freed less between forward and backward and
-  // peaked over its prediction, or three in a row freed more and peaked under (check_gap), or -1; "in_use": its kind's plan at the end.
+  // peaked over its prediction, or three in a row freed more and peaked under (check_gap), or -1;
+  // "in_use": its kind's plan at the end.
   auto plan_json = [this](const PlanRecord& rec) {
     const PlanInfo& i = rec.info;
     const int index = static_cast<int>(&rec - plans_.data());

@@ -122,7 +122,7 @@ class Agent final : public OpSink {
     int64_t record_step = -1;  // the step of the record it was made from
     // The record it was planned from, as the planner got it (check_gap plans it again).
     std::shared_ptr<const Profile> planned;
-    int remade_from = -1;  // the plan of its kind it replaced for a step that freed less (check_gap)
+    int remade_from = -1;  // the plan of its kind it replaced for what steps freed there (check_gap)
     int remakes = 0;       // how many plans of its kind came before it so
     // Its latest replayed steps in a row that freed more there and peaked under (check_gap), and
     // the least any of them freed beyond the record.

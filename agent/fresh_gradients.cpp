@@ -62,7 +62,7 @@ void Agent::credit_at_begin() {
   if (choice_.profile || choice_.plan < 0) return;
   const auto index = static_cast<size_t>(choice_.plan);
   PlanRecord& rec = plans_[index];
-  const PlanRecord::Gradients& g = rec.grads;
+  PlanRecord::Gradients& g = rec.grads;
   if (g.fresh_bytes == 0 && g.credited < 0 && g.began_with_grads && lacks_gradient(g.param)) {
     const int variant = plan_without_gradients(index);
     if (variant >= 0) choice_.plan = variant;
@@ -71,10 +71,10 @@ void Agent::credit_at_begin() {
   if (g.credited < 0 || g.fresh_bytes == 0 || !lacks_gradient(g.param)) return;
   info("step {} begins with no gradients, and will allocate the {} of them its plan left out (gradient "
        "accumulation): its kind of step goes back to the plan that counts them",
-       steps_, format_bytes(rec.grads.fresh_bytes));
-  rec.grads.fresh_bytes = 0;  // watched no more
-  choice_.plan = rec.grads.credited;
-  kinds_.set_plan(rec.kind, rec.grads.credited);
+       steps_, format_bytes(g.fresh_bytes));
+  g.fresh_bytes = 0;  // watched no more
+  choice_.plan = g.credited;
+  kinds_.set_plan(rec.kind, g.credited);
 }
 
 // `param` is alive and has no gradient. Cost: a weak pointer's lock and a read.

@@ -131,8 +131,6 @@ Profile with_gradients_kept(const Profile& recorded, int64_t* added) {
 Profile with_gap_kept(const Profile& recorded, int64_t bytes) {
   Profile p = recorded;
   if (bytes == 0 || p.backward.empty()) return p;
-  int64_t forward_peak = 0;  // (fewer bytes: the step's peak may be the forward's, which stays)
-  for (const Op& o : p.forward) forward_peak = std::max({forward_peak, o.peak, o.live_after});
   int64_t backward_peak = 0;
   for (Op& n : p.backward) {
     n.live_before += bytes;
@@ -140,8 +138,13 @@ Profile with_gap_kept(const Profile& recorded, int64_t bytes) {
     n.peak += bytes;
     backward_peak = std::max(backward_peak, n.peak);
   }
-  p.peak_bytes = bytes > 0 ? std::max(p.peak_bytes, backward_peak)
-                           : std::max({p.peak_bytes + bytes, forward_peak, backward_peak});
+  if (bytes > 0) {
+    p.peak_bytes = std::max(p.peak_bytes, backward_peak);
+  } else {  // lowered down to the forward's peak at most, which stays
+    int64_t forward_peak = 0;
+    for (const Op& o : p.forward) forward_peak = std::max({forward_peak, o.peak, o.live_after});
+    p.peak_bytes = std::max({p.peak_bytes + bytes, forward_peak, backward_peak});
+  }
   p.end_bytes += bytes;
   if (p.gap_bytes) *p.gap_bytes += bytes;
   return p;
