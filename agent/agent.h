@@ -141,15 +141,18 @@ class Agent final : public OpSink {
   void keep_record(Profile p);
   bool covers(const PlanRecord& by, const PlanRecord& kind) const;
   bool cover_kind(const Profile& p, bool* plan_now);
+  size_t widest_backward(size_t i) const;
   void plan_record(size_t i);
   void plan_covering_record(uint64_t kind);
-  // `began_without`: record `p` began without gradients (its began_without_ entry).
+  // `began_without`: record `p` is not known to have begun with gradients (its began_without_
+  // entry: kWithoutGrads or kUnknown), so no step of its kind is told apart by beginning without.
   void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited, const FreshGradients& fresh,
                  bool began_without);
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);
-  void check_gap(const Profile& p);
-  void remake_for_gap(size_t index, int64_t bytes);
+  void check_gap(const Profile& p, bool gapped = false);
+  void remake_for_gap(size_t index, int64_t bytes, const char* source, bool in_gap = true);
+  bool refuse_remake(const PlanRecord& rec, int64_t step, int64_t over);
   void said_graph_kept();
   void credit_at_begin();
   bool lacks_gradient(const c10::weak_intrusive_ptr<c10::TensorImpl>& param) const;
@@ -227,9 +230,12 @@ class Agent final : public OpSink {
   int64_t opt_round_step_ = -1;     // steps_ when opt_rounds_ last grew
   // A parameter the steps recorded whole save for backward (watch_param; PlanRecord::param).
   c10::weak_intrusive_ptr<c10::TensorImpl> step_param_{c10::intrusive_ptr<c10::TensorImpl>()};
-  bool step_began_without_ = false;     // the running step began with no gradients
+  // Whether the running step began with no gradients (Began); Unknown when the leaf watched for it
+  // had died: a leaf input that requires grad (the input of an adversarial attack) saved first.
+  enum Began : char { kWithGrads = 0, kWithoutGrads = 1, kUnknown = 2 };
+  Began step_began_ = kWithGrads;
   bool graph_kept_ = false;             // the running step's backward keeps its graph
-  std::vector<char> began_without_;     // the same, per record in profiles_
+  std::vector<char> began_without_;     // step_began_, per record in profiles_
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;
   bool our_hooks_on_top() const;

@@ -96,6 +96,16 @@ class StepKinds {
   // False, and nothing set, for a kind never_cover named.
   bool set_cover(uint64_t kind, uint64_t by);
   bool covered(uint64_t kind) const { return cover_.count(kind) > 0; }
+  // The kind whose plan `kind`'s steps replay (set_cover), or 0.
+  uint64_t cover_of(uint64_t kind) const {
+    auto it = cover_.find(kind);
+    return it == cover_.end() ? 0 : it->second;
+  }
+  // The kinds `by` covered replay plans of their own again (or are recorded and planned): its
+  // plan has no actions now, so no replayer to follow their steps past the ops they leave out.
+  void uncover_by(uint64_t by) {
+    for (auto it = cover_.begin(); it != cover_.end();) it = it->second == by ? cover_.erase(it) : std::next(it);
+  }
   // Kind `kind` replayed a covering plan with gaps and had to refuse some of its evictions
   // (Agent::end_step): it is planned on its own from now on, never covered.
   void never_cover(uint64_t kind) {

@@ -149,6 +149,18 @@ def parse():
                    help="gradients by torch.autograd.grad, set into .grad by the script")
     p.add_argument("--grad-penalty", action="store_true",
                    help="loss plus the squared norm of its gradient wrt the model's output (create_graph)")
+    p.add_argument("--weight-norm", action="store_true",
+                   help="weight normalization (torch.nn.utils.parametrizations) on every Linear and Conv2d: "
+                        "each forward makes the weights from two parameters")
+    p.add_argument("--spectral-norm", action="store_true",
+                   help="spectral normalization on every Linear: each training forward writes its power "
+                        "iteration's buffers in place")
+    p.add_argument("--adversarial", nargs="?", const="same", choices=["same", "shorter"],
+                   help="float inputs: an FGSM step first (a forward, the gradient wrt the input by "
+                        "torch.autograd.grad), then the step on the perturbed input; 'same': the attack's "
+                        "forward runs the step's ops, 'shorter': its loss is not divided by --accum (one op fewer)")
+    p.add_argument("--grad-scaler", action="store_true",
+                   help="torch.amp.GradScaler: the loss scaled before backward, the optimizer stepped by the scaler")
     return p.parse_args()
 
 
@@ -251,6 +263,33 @@ def backward(args, model, out, loss):
         loss.backward()
 
 
+def parametrize(model, weight_norm, spectral_norm):
+    """Weight or spectral normalization on the model's layers; a weight another module shares
+    (tied) is left as it is."""
+    from torch.nn.utils import parametrizations
+
+    kinds = (torch.nn.Linear, torch.nn.Conv2d) if weight_norm else (torch.nn.Linear,)
+    owners = {}
+    for m in model.modules():
+        if isinstance(getattr(m, "weight", None), torch.nn.Parameter):
+            owners.setdefault(id(m.weight), []).append(m)
+    for m in list(model.modules()):
+        if isinstance(m, kinds) and len(owners.get(id(m.weight), [])) == 1:
+            if weight_norm:
+                parametrizations.weight_norm(m)
+            else:
+                parametrizations.spectral_norm(m)
+
+
+def fgsm(args, model, x, y):
+    """The fast gradient sign method: x moved by the sign of the loss's gradient wrt x (a
+    backward that reaches no parameter's AccumulateGrad)."""
+    xa = x.detach().requires_grad_(True)
+    loss = models.loss_fn(args.model, model(xa), y)
+    (gx,) = torch.autograd.grad(loss / args.accum if args.adversarial == "same" else loss, xa)
+    return (x + 1e-2 * gx.sign()).detach()
+
+
 def start_side_thread():
     """A thread that keeps running tensor ops with grad mode on, and now and then a backward of
     its own, while the main thread trains (as a prefetch or metrics thread would). It shares
@@ -329,6 +368,8 @@ def main():
                          index_copy=args.index_copy, dropout=args.cnn_dropout).to(args.device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if args.weight_norm or args.spectral_norm:
+        parametrize(model, args.weight_norm, args.spectral_norm)
     if args.distributed and args.fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -347,6 +388,9 @@ def main():
         for blk in inner.blocks:
             blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    # (An optimizer stepped in backward would step on scaled gradients: no scaler with it.)
+    scaler = (torch.amp.GradScaler(torch.device(args.device).type)
+              if args.grad_scaler and not args.optimizer_in_backward else None)
     inner.shared_layer = args.shared_layer  # read by the module's forward, not by a DDP wrapper
     inner.pos_first = args.pos_first
     if args.release_params:
@@ -407,6 +451,8 @@ def main():
             x, y = x.to(args.device), y.to(args.device)
             if args.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
+            if args.adversarial:
+                x = fgsm(args, model, x, y)
             if args.masked_loss:
                 g = torch.Generator().manual_seed(7_000 + step * args.accum + micro)
                 keep = (torch.rand(y.shape, generator=g) < 0.15).to(args.device)
@@ -436,6 +482,8 @@ def main():
                     loss = torch.nn.functional.cross_entropy(out[keep], y[keep]) / args.accum
                 else:
                     loss = models.loss_fn(args.model, out, y) / args.accum
+            if scaler is not None:
+                loss = scaler.scale(loss)
             if args.backward_on_two_threads:
                 loss = BackwardOnAnotherThread.apply(loss, aux_w)
             if args.inplace_error and step == 1:
@@ -475,7 +523,7 @@ def main():
                 w = torch.randn(5)
                 g = torch.func.grad(lambda v: (v.sin() * w).sum())(torch.randn(5))
                 assert g.shape == (5,)
-            total += loss.item()
+            total += loss.item() / (scaler.get_scale() if scaler is not None else 1.0)
             # Drop this micro-step's tensors now rather than when the next one rebinds the names,
             # so each step's memory starts from the same state (what torch.profiler measures).
             del x, y, out, loss
@@ -486,14 +534,23 @@ def main():
             # would not: they read nothing that requires grad.)
             logged.append([p.detach().clone() for p in model.parameters()])
         if args.clip_grad:
+            if scaler is not None:
+                scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        # (After a refused backward no parameter has a gradient: the scaler has nothing to check.)
+        scaled = scaler is not None and any(p.grad is not None for p in model.parameters())
         try:
-            if not args.optimizer_in_backward:
+            if scaled:
+                scaler.step(opt)
+            elif scaler is None and not args.optimizer_in_backward:
                 opt.step()
         except RuntimeError as e:
             if "optimizer step refused" not in str(e):
                 raise
             print(f"step {step}: optimizer step refused", file=sys.stderr)
+        finally:
+            if scaled:
+                scaler.update()
         if user_prof is not None:
             user_prof.__exit__(None, None, None)
             print("USER_PROFILER_OPS " + json.dumps(sorted({e.name for e in user_prof.events()})), file=sys.stderr)

@@ -128,7 +128,7 @@ Profile with_gradients_kept(const Profile& recorded, int64_t* added) {
   return p;
 }
 
-Profile with_gap_kept(const Profile& recorded, int64_t bytes) {
+Profile with_gap_kept(const Profile& recorded, int64_t bytes, bool in_gap) {
   Profile p = recorded;
   if (bytes == 0 || p.backward.empty()) return p;
   int64_t backward_peak = 0;
@@ -146,7 +146,7 @@ Profile with_gap_kept(const Profile& recorded, int64_t bytes) {
     p.peak_bytes = std::max({p.peak_bytes + bytes, forward_peak, backward_peak});
   }
   p.end_bytes += bytes;
-  if (p.gap_bytes) *p.gap_bytes += bytes;
+  if (p.gap_bytes && in_gap) *p.gap_bytes += bytes;
   return p;
 }
 

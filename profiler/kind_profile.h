@@ -65,6 +65,9 @@ Profile with_gradients_kept(const Profile& p, int64_t* added = nullptr);
 // steps; the agent watches the gap of each replayed step (agent/gap_check.cpp). Kept to the end
 // of backward, on the safe side: a step that zeroes nothing there adds into its gradients rather
 // than allocating them, and so ends under this by up to its gradients.
-Profile with_gap_kept(const Profile& p, int64_t bytes);
+// `in_gap` false: the bytes are what the step's backward made beyond `p`'s (gradients of
+// parameters `p`'s backward took none for: adversarial training's attack), kept as above, with
+// the record's gap as it was: the step freed there what `p` did.
+Profile with_gap_kept(const Profile& p, int64_t bytes, bool in_gap = true);
 
 }  // namespace memplan

@@ -27,7 +27,9 @@ import models  # noqa: E402
 # turn determinism off are left out; those whose error the script catches and goes on from
 # (--backward-raises-at, --optimizer-raises-at) are in.
 # Ways to take the gradients, for every model.
-GRADS = ["--clip-grad", "--autograd-grad", "--backward-twice", "--grad-penalty"]
+GRADS = ["--clip-grad", "--autograd-grad", "--backward-twice", "--grad-penalty", "--grad-scaler"]
+# Float inputs: adversarial training's attack before each step (two steps per micro-step).
+ATTACK = ["--adversarial", "--adversarial shorter"]
 GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-depth", "--noisy-op",
         "--accum 2", "--eval-every 3", "--seq-change-at 5", "--masked-loss", "--pos-first",
         "--index-copy", "--shift-buffer late", "--shift-buffer early", "--shift-buffer backward",
@@ -36,19 +38,21 @@ GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-d
         "--repeat-block-at 4", "--small",
         "--torch-profiler", "--backward-in-user-hooks", "--log-grads", "--shift-buffer data",
         "--seq-random 64,48,32", "--workers 2", "--backward-raises-at 4", "--optimizer-raises-at 5",
-        "--side-thread", "--log-grads-until 4", "--zero-grad-late", "--side-copies-until 4"] + GRADS
+        "--side-thread", "--log-grads-until 4", "--zero-grad-late", "--side-copies-until 4",
+        "--weight-norm", "--spectral-norm"] + GRADS
 FLAGS = {
     "gpt2": GPT2,
     "cnn": ["--hardswish", "--accum 2", "--eval-every 2", "--small", "--optimizer-in-backward",
             "--log-grads", "--backward-raises-at 4", "--log-grads-until 4", "--zero-grad-late",
-            "--channels-last", "--cnn-dropout"] + GRADS,
+            "--channels-last", "--cnn-dropout", "--weight-norm", "--spectral-norm"] + GRADS + ATTACK,
     "mlp": ["--shared-layer", "--detached-side", "--small", "--drop-rows", "--release-params",
-            "--accum 3", "--optimizer-in-backward", "--zero-grad-late"] + GRADS,
-    "views": ["--accum 2", "--eval-every 2"] + GRADS,
+            "--accum 3", "--optimizer-in-backward", "--zero-grad-late", "--weight-norm",
+            "--spectral-norm"] + GRADS + ATTACK,
+    "views": ["--accum 2", "--eval-every 2"] + GRADS + ATTACK,
     "tied": ["--accum 2", "--eval-every 3", "--func"] + GRADS,
-    "lstm": ["--accum 2", "--eval-every 2"] + GRADS,
+    "lstm": ["--accum 2", "--eval-every 2", "--weight-norm"] + GRADS,
     "tv": ["--accum 2", "--eval-every 2", "--log-grads", "--optimizer-in-backward", "--backward-raises-at 4",
-           "--log-grads-until 4", "--zero-grad-late", "--channels-last"] + GRADS,
+           "--log-grads-until 4", "--zero-grad-late", "--channels-last", "--weight-norm"] + GRADS + ATTACK,
 }
 # gpt2 is the product's case: drawn as often as the rest together. tv: one of torchvision's own
 # models (examples/models.py TORCHVISION), when torchvision is installed.
@@ -97,8 +101,9 @@ def check(cfg):
         # Plans by index; a build from before "index" (to compare with an older one): by kind.
         plans = {p.get("index", p["kind"]): p for p in rep.get("plans", [])}
         replaced = {p.get("replaces", -1) for p in plans.values()}
-        # A plan remade after a step of it freed less between forward and backward than its record
-        # (agent/gap_check.cpp): that one step, its last, ran over; the new plan is checked as any.
+        # A plan remade after a step of it freed less between forward and backward than its record,
+        # or ended with more (agent/gap_check.cpp): that one step, its last, ran over; the new plan
+        # is checked as any.
         # (Remade after steps that freed more, its steps were under: nothing is left out.)
         remade = {p.get("remade_from", -1) for p in plans.values()}
         notes = []
@@ -109,15 +114,25 @@ def check(cfg):
             gapped = [p - b + plan["baseline_bytes"]
                       for p, b in zip(r.get("gapped_peak_bytes", []), r.get("gapped_baseline_bytes", []))]
             limit = plan["budget_bytes"] if plan["feasible"] else plan["predicted_peak_bytes"]
+            # The step that had a plan remade may be one that left out some of its ops (a kind
+            # the plan covers): that one over the limit is the plan's last.
+            # 1% over, or the agent's own floor for a difference worth a new plan, 64 KiB (gap_check.cpp:
+            # the views model's attack steps keep its 16 KB of gradients through backward).
+            slack = max(limit // 100, 64 << 10)
+            excused = False
+            if r.get("plan") in remade and gapped and max(gapped) > limit + slack:
+                notes.append(f"remade after a gapped step {max(gapped) / limit * 100 - 100:+.1f}% vs its limit")
+                gapped.remove(max(gapped))
+                excused = True
             if gapped:
                 notes.append(f"{len(gapped)} gapped, at most {max(gapped) / limit * 100 - 100:+.1f}% vs its limit")
-                if max(gapped) > limit * 1.01:
+                if max(gapped) > limit + slack:
                     return False, f"a gapped step peaked {max(gapped)} over {limit}; " + trace(mp)
             peaks = [p - b + plan["baseline_bytes"]
                      for p, b in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
             if not peaks:
                 continue
-            if r.get("plan") in remade and peaks[-1] > plan["predicted_peak_bytes"] * 1.05:
+            if r.get("plan") in remade and not excused and peaks[-1] > plan["predicted_peak_bytes"] * 1.05:
                 notes.append(f"remade after a step {peaks[-1] / plan['predicted_peak_bytes'] * 100 - 100:+.1f}% "
                              "vs predicted")
                 peaks = peaks[:-1]

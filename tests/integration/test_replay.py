@@ -544,6 +544,39 @@ def test_a_kind_whose_record_freed_less_before_backward_is_planned_again_with_th
     assert max(peaks) <= (plan["budget_bytes"] if plan["feasible"] else plan["min_feasible_bytes"] * 1.01)
 
 
+@pytest.mark.parametrize("attack,warmup", [("same", 3), ("same", 2), ("same", 1), ("shorter", 2), ("shorter", 1)])
+def test_adversarial_training_keeps_to_the_plan_of_the_backward_that_makes_the_gradients(
+        runner, plain_runs, attack, warmup):
+    # FGSM adversarial training: each micro-step runs the attack (a forward, then the gradient of
+    # the input alone, torch.autograd.grad: no parameter's AccumulateGrad runs) and then the step
+    # on the perturbed input, two steps per iteration. 'same': the attack's forward runs the
+    # step's ops, one kind; 'shorter': its loss is one op short, a kind the step's plan covers.
+    # Before: planned from the attack's record (the warm-up's last, or with MEMPLAN_WARMUP=1 its
+    # only one), the plan counted no parameter gradients and every training step ran over it
+    # (+10.7%, +13.7%); with MEMPLAN_WARMUP=2 the leaf watched for gradients was the attack's
+    # input, dead by the next step, which so counted as beginning with gradients: every later
+    # step, beginning without, replayed a plan from the attack's record (+6.0%); 'shorter':
+    # every attack step was a miss, and four gave up planning.
+    p, report = identical_replay(runner, plain_runs, "cnn", "50%", ["--adversarial", attack],
+                                 {"MEMPLAN_WARMUP": warmup})
+    assert "memplan stops planning" not in p.stderr
+    assert report["step_kinds"]["misses"] <= 1, report["step_kinds"]
+    remade = [q for q in report["plans"] if q["remade_from"] >= 0]
+    # Only a run whose one record is the attack's learns of the gradients from a training step.
+    assert len(remade) == (1 if (attack, warmup) == ("same", 1) else 0), report["plans"]
+    # (With MEMPLAN_WARMUP=1 'shorter' the attack's kind was planned first; the step's plan
+    # replaces it: the one all steps replay.)
+    plan = max((q for q in report["plans"] if q["in_use"]), key=lambda q: len(plan_peaks(report, q["index"])[0]))
+    peaks, plan = plan_peaks(report, plan["index"])
+    attacks = gapped_peaks(report, plan["index"])
+    if attack == "same":  # one kind: the attack's steps measured with the training steps'
+        attacks = [b for b in peaks if b < max(peaks) * 0.95]
+        peaks = [b for b in peaks if b >= max(peaks) * 0.95]
+    assert len(peaks) >= STEPS - 3 and len(attacks) >= STEPS - 3, (peaks, attacks)
+    assert abs(max(peaks) / plan["predicted_peak_bytes"] - 1) <= 0.01, (peaks, plan)
+    assert max(attacks) < plan["predicted_peak_bytes"], (attacks, plan)
+
+
 def test_independent_layerdrop_plans_a_recorded_deeper_step_when_a_step_diverges(runner, plain_runs):
     # Each of 6 blocks is skipped with probability 0.3 (fairseq's LayerDrop; steps that run the
     # same number of blocks run the same ops). The warm-up's last step ran 4 blocks, its first 5:

@@ -257,6 +257,13 @@ TEST(KindProfile, WhatAStepFreesLessBeforeBackwardIsKeptThroughItsBackward) {
   high.forward[0].peak = high.peak_bytes = p.peak_bytes + 1000;
   EXPECT_EQ(with_gap_kept(high, 100).peak_bytes, high.peak_bytes);
   EXPECT_EQ(with_gap_kept(p, 0).end_bytes, p.end_bytes);
+  // Made in backward, not left in the gap (the attack's record, a training step's gradients):
+  // the same counts, the gap as recorded, or the next steps would seem to free more there.
+  const Profile made = with_gap_kept(p, 100, /*in_gap=*/false);
+  EXPECT_EQ(made.peak_bytes, k.peak_bytes);
+  EXPECT_EQ(made.end_bytes, k.end_bytes);
+  EXPECT_EQ(made.backward.back().live_after, k.backward.back().live_after);
+  EXPECT_EQ(*made.gap_bytes, -100);
 }
 
 TEST(KindProfile, WhatAStepFreesMoreBeforeBackwardIsFreedThroughItsBackward) {

@@ -379,6 +379,22 @@ TEST(StepKinds, ACoveredKindReplaysThePlanThatCoversIt) {
   EXPECT_EQ(k.next(alike(A)).plan, 0);  // its own plan again (the history's last kind is A)
 }
 
+TEST(StepKinds, KindsCoveredByAPlanWithoutActionsGoBackToTheirOwn) {
+  StepKinds k(1);
+  EXPECT_EQ(drive(k, {A, B, B}), "pxp");
+  k.set_cover(A, B);
+  k.set_cover(C, B);
+  EXPECT_EQ(k.cover_of(A), B);
+  EXPECT_EQ(k.cover_of(B), 0u);
+  // B's plan is remade without actions (Agent::remake_for_gap): nothing follows A's or C's steps
+  // past the ops they leave out, and A replays its own plan again.
+  k.uncover_by(B);
+  EXPECT_FALSE(k.covered(A));
+  EXPECT_FALSE(k.covered(C));
+  EXPECT_EQ(k.cover_of(A), 0u);
+  EXPECT_EQ(k.plan_of(A), 0);
+}
+
 TEST(StepKinds, AGappedStepThatDivergedIsAMiss) {
   StepKinds k(1);
   EXPECT_EQ(drive(k, {A}), "p");
