@@ -852,7 +852,7 @@ void Agent::plan_record(size_t i) {
   // the plan counts them. The record is replaced, so the profile file, the summary and the
   // trace show what was planned.
   FreshGradients fresh;
-  Profile planned = with_fresh_gradients(profiles_, i, &fresh, &began_without_);
+  Profile planned = with_fresh_gradients(profiles_, i, &fresh, &began_);
   std::shared_ptr<const Profile> uncredited;
   if (fresh.kept > 0) {
     info("step {} kept up to {} of gradients through its backward that step {} of the same kind "
@@ -868,7 +868,7 @@ void Agent::plan_record(size_t i) {
   } else if (fresh.kept > 0) {
     profiles_[i] = std::move(planned);  // nothing its steps may not allocate: kept as planned
   }
-  plan_kind(profiles_[i], std::move(uncredited), fresh, began_without_[i] != kWithGrads);
+  plan_kind(profiles_[i], std::move(uncredited), fresh, began_[i] != kWithGrads);
 }
 
 // A step of kind `kind` diverged from the plan it replayed: if a record of that kind (recorded
@@ -893,7 +893,7 @@ void Agent::plan_covering_record(uint64_t kind) {
 // A step recorded whole joins the records, with whether it began without gradients.
 void Agent::keep_record(Profile p) {
   profiles_.push_back(std::move(p));
-  began_without_.push_back(step_began_);
+  began_.push_back(step_began_);
   outputs_written_ = false;
 }
 

@@ -144,8 +144,8 @@ class Agent final : public OpSink {
   size_t widest_backward(size_t i) const;
   void plan_record(size_t i);
   void plan_covering_record(uint64_t kind);
-  // `began_without`: record `p` is not known to have begun with gradients (its began_without_
-  // entry: kWithoutGrads or kUnknown), so no step of its kind is told apart by beginning without.
+  // `began_without`: record `p` is not known to have begun with gradients (its began_ entry:
+  // kWithoutGrads or kUnknown), so no step of its kind is told apart by beginning without.
   void plan_kind(const Profile& p, std::shared_ptr<const Profile> uncredited, const FreshGradients& fresh,
                  bool began_without);
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
@@ -235,7 +235,9 @@ class Agent final : public OpSink {
   enum Began : char { kWithGrads = 0, kWithoutGrads = 1, kUnknown = 2 };
   Began step_began_ = kWithGrads;
   bool graph_kept_ = false;             // the running step's backward keeps its graph
-  std::vector<char> began_without_;     // step_began_, per record in profiles_
+  // step_began_ of each record in profiles_ (Began values; char: with_fresh_gradients, in
+  // profiler/, compares them and knows no Began).
+  std::vector<char> began_;
   bool packs_off_ = false;          // the running op's packs bypass our hooks (see op_start)
   bool packs_prev_tracing_ = false;
   bool our_hooks_on_top() const;

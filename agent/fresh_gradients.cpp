@@ -104,7 +104,7 @@ int Agent::plan_without_gradients(size_t index) {
     return at;
   };
   for (size_t i = profiles_.size(); i-- > 0;) {
-    if (profiles_[i].signature != rec.kind || began_without_[i] != kWithoutGrads) continue;
+    if (profiles_[i].signature != rec.kind || began_[i] != kWithoutGrads) continue;
     info("step {} begins without gradients, unlike step {} that its kind's plan was made from: the kind's steps "
          "that do replay a plan made from step {}, which began so too",
          steps_, rec.record_step, profiles_[i].step);

@@ -161,6 +161,12 @@ def parse():
                         "forward runs the step's ops, 'shorter': its loss is not divided by --accum (one op fewer)")
     p.add_argument("--grad-scaler", action="store_true",
                    help="torch.amp.GradScaler: the loss scaled before backward, the optimizer stepped by the scaler")
+    p.add_argument("--gan", action="store_true",
+                   help="a GAN's steps (float-input models): a generator made here draws fake inputs; the "
+                        "model, as the discriminator, learns from real and detached fake ones (a backward "
+                        "and an optimizer step of its own), then the generator through the model on the same "
+                        "fakes: the generator's forward runs before the first backward and is read by the "
+                        "second. With --accum, each micro-step is such a pair")
     return p.parse_args()
 
 
@@ -288,6 +294,31 @@ def fgsm(args, model, x, y):
     loss = models.loss_fn(args.model, model(xa), y)
     (gx,) = torch.autograd.grad(loss / args.accum if args.adversarial == "same" else loss, xa)
     return (x + 1e-2 * gx.sign()).detach()
+
+
+def make_generator(x):
+    """The GAN's generator: noise of 64 features to one fake input shaped as x's rows."""
+    return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, x[0].numel()), torch.nn.Tanh()).to(x.device)
+
+
+def gan_step(model, gen, opt, opt_g, x, draw):
+    """One GAN step, non-saturating loss; returns the two losses' sum. The generator's forward is
+    saved for the second backward, across the first (the discriminator's, which reads detached
+    fakes) and its optimizer step."""
+    g = torch.Generator().manual_seed(9_000 + draw)
+    fake = gen(torch.randn(x.shape[0], 64, generator=g).to(x.device)).reshape(x.shape)
+    score = lambda out: out.float().flatten(1).mean(1)  # noqa: E731
+    opt.zero_grad(set_to_none=True)
+    d_loss = (torch.nn.functional.softplus(-score(model(x))).mean()
+              + torch.nn.functional.softplus(score(model(fake.detach()))).mean())
+    d_loss.backward()
+    opt.step()
+    opt_g.zero_grad(set_to_none=True)
+    g_loss = torch.nn.functional.softplus(-score(model(fake))).mean()
+    g_loss.backward()  # the discriminator's gradients too: dumped, zeroed by its next step
+    opt_g.step()
+    return d_loss.item() + g_loss.item()
 
 
 def start_side_thread():
@@ -421,6 +452,7 @@ def main():
     probe = torch.ones((), requires_grad=True) if args.grad_probe else None
     times = []
     user_prof = None
+    gen = opt_g = None
     for step in range(args.steps):
         t0 = time.perf_counter()
         current["step"] = step
@@ -453,6 +485,13 @@ def main():
                 x = x.contiguous(memory_format=torch.channels_last)
             if args.adversarial:
                 x = fgsm(args, model, x, y)
+            if args.gan:
+                if gen is None:
+                    gen = make_generator(x)
+                    opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
+                total += gan_step(model, gen, opt, opt_g, x, step * args.accum + micro)
+                del x, y
+                continue
             if args.masked_loss:
                 g = torch.Generator().manual_seed(7_000 + step * args.accum + micro)
                 keep = (torch.rand(y.shape, generator=g) < 0.15).to(args.device)
@@ -542,7 +581,7 @@ def main():
         try:
             if scaled:
                 scaler.step(opt)
-            elif scaler is None and not args.optimizer_in_backward:
+            elif scaler is None and not args.optimizer_in_backward and not args.gan:
                 opt.step()
         except RuntimeError as e:
             if "optimizer step refused" not in str(e):
@@ -574,6 +613,9 @@ def main():
                 local = lambda t: t.to_local() if hasattr(t, "to_local") else t
                 record["grads"].append({n: local(p.grad).detach().clone() for n, p in model.named_parameters()
                                         if p.grad is not None})
+                if gen is not None:
+                    record["grads"][-1].update({"gen." + n: p.grad.detach().clone()
+                                                for n, p in gen.named_parameters() if p.grad is not None})
                 # Buffers too: BatchNorm's running statistics are part of the result.
                 record["buffers"].append({n: b.detach().clone() for n, b in model.named_buffers()})
     if side is not None:

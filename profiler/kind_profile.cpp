@@ -37,7 +37,7 @@ bool one_sided(const Profile& o, const Profile& p) {
 }  // namespace
 
 Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out,
-                             const std::vector<char>* began_without) {
+                             const std::vector<char>* began) {
   Profile p = recorded[latest];
   std::vector<int64_t> extra(p.backward.size(), 0);
   // Per node: the most any record's memory rose above the node's start while it ran (a first
@@ -59,8 +59,7 @@ Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest
       continue;
     // Kept across the gap (same sizes: the forwards match), then what the latest allocates
     // again beyond it at each AccumulateGrad node.
-    const bool began_alike = began_without == nullptr || began_without->size() != recorded.size() ||
-                             (*began_without)[r] == (*began_without)[latest];
+    const bool began_alike = began == nullptr || began->size() != recorded.size() || (*began)[r] == (*began)[latest];
     int64_t kept =
         began_alike && !p.forward.empty() && !p.backward.empty() && o.op_hash == p.op_hash ? gap(o) - gap(p) : 0;
     const bool keeps = kept > 0;

@@ -39,12 +39,13 @@ struct FreshGradients {
 // it, less what the latest allocated beyond it at each AccumulateGrad node since (the larger of
 // the two counts at each node). `*out` (may be null) says how much was added and from which
 // record. Only when some record allocated or kept more is anything changed (else the latest
-// record as it is). `began_without` (per record, may be null): which steps began without
-// gradients; only a record that began as the latest did lends what it kept (the run's first step
+// record as it is). `began` (per record, may be null): how each step began, with or without its
+// gradients (any values, compared for equality only); only a record that began as the latest did
+// lends what it kept (the run's first step
 // holds its gradients through its backward for having none at its start, not for keeping them:
 // a step that begins so has a plan of its own, agent.h plan_without_gradients).
 Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out = nullptr,
-                             const std::vector<char>* began_without = nullptr);
+                             const std::vector<char>* began = nullptr);
 
 // `p`, the record of a step that began with gradients and added into them, as the same ops run
 // by a step that begins without them: each AccumulateGrad node keeps the incoming gradient it

@@ -28,8 +28,9 @@ import models  # noqa: E402
 # (--backward-raises-at, --optimizer-raises-at) are in.
 # Ways to take the gradients, for every model.
 GRADS = ["--clip-grad", "--autograd-grad", "--backward-twice", "--grad-penalty", "--grad-scaler"]
-# Float inputs: adversarial training's attack before each step (two steps per micro-step).
-ATTACK = ["--adversarial", "--adversarial shorter"]
+# Float inputs: adversarial training's attack before each step (two steps per micro-step); a GAN
+# (the model as its discriminator: two backwards and two optimizers per micro-step).
+ATTACK = ["--adversarial", "--adversarial shorter", "--gan"]
 GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-depth", "--noisy-op",
         "--accum 2", "--eval-every 3", "--seq-change-at 5", "--masked-loss", "--pos-first",
         "--index-copy", "--shift-buffer late", "--shift-buffer early", "--shift-buffer backward",

@@ -577,6 +577,25 @@ def test_adversarial_training_keeps_to_the_plan_of_the_backward_that_makes_the_g
     assert max(attacks) < plan["predicted_peak_bytes"], (attacks, plan)
 
 
+def test_a_gan_replays_both_backwards_of_its_iteration_each_as_planned(runner, plain_runs):
+    # A GAN's iteration (train.py --gan): the generator's forward; the model, as the discriminator,
+    # on real and detached fake inputs, its backward and optimizer step; then the generator's loss
+    # through the model on the same fakes, whose backward reads the generator's tensors saved in
+    # the first window. Two kinds of step, each replaying its own (minimum-memory) plan; the
+    # generator's gradients are in the dump too.
+    p, report = identical_replay(runner, plain_runs, "cnn", "50%", ["--gan"])
+    assert report["step_kinds"] == {"kinds": 2, "misses": 0}, report["step_kinds"]
+    in_use = [q for q in report["plans"] if q["in_use"]]
+    assert len(in_use) == 2, report["plans"]
+    for q in in_use:
+        peaks, plan = plan_peaks(report, q["index"])
+        assert plan["evictions"] > 0, plan
+        assert len(peaks) >= STEPS - 3, peaks
+        limit = plan["budget_bytes"] if plan["feasible"] else plan["min_feasible_bytes"] * 1.01
+        assert max(peaks) <= limit, (peaks, plan)
+        assert abs(max(peaks) / plan["predicted_peak_bytes"] - 1) <= TOLERANCE, (peaks, plan)
+
+
 def test_independent_layerdrop_plans_a_recorded_deeper_step_when_a_step_diverges(runner, plain_runs):
     # Each of 6 blocks is skipped with probability 0.3 (fairseq's LayerDrop; steps that run the
     # same number of blocks run the same ops). The warm-up's last step ran 4 blocks, its first 5:

@@ -193,8 +193,8 @@ TEST(KindProfile, GradientsAnotherRecordKeptThroughItsBackwardAreCountedUntilMad
   with_fresh_gradients(sizes, 1, &fresh);
   EXPECT_EQ(fresh.kept, 0);
   // A record that began without gradients (the run's first step) lends nothing it kept.
-  const std::vector<char> began_without = {1, 0};
-  with_fresh_gradients(r, 1, &fresh, &began_without);
+  const std::vector<char> began = {1, 0};
+  with_fresh_gradients(r, 1, &fresh, &began);
   EXPECT_EQ(fresh.kept, 0);
   const std::vector<char> alike = {0, 0};
   with_fresh_gradients(r, 1, &fresh, &alike);
