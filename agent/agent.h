@@ -152,6 +152,10 @@ class Agent final : public OpSink {
   void check_gradient_credit(const Profile& p);
   void check_gap(const Profile& p, bool gapped = false);
   void remake_for_gap(size_t index, int64_t bytes, const char* source, bool in_gap = true);
+  void remake(size_t index, const Profile& profile, const std::string& variant, const char* source);
+  bool backward_excess_of(const Profile& p, const PlanRecord& rec, std::vector<int64_t>* live,
+                          std::vector<int64_t>* peak) const;
+  static uint64_t excess_key(const std::vector<int64_t>& live, const std::vector<int64_t>& peak);
   bool refuse_remake(const PlanRecord& rec, int64_t step, int64_t over);
   void said_graph_kept();
   void credit_at_begin();

@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "agent/agent.h"
 #include "agent/log.h"
 #include "agent/options.h"
 #include "profiler/bytes.h"
+#include "planner/graph.h"
+#include "planner/simulate.h"
 #include "profiler/kind_profile.h"
 
 namespace memplan {
@@ -40,9 +44,11 @@ constexpr int kMaxRemakes = 2;  // per kind, either way
 // record by it too (beyond their baselines) made in its backward what the record's did not: the
 // gradients of every parameter, where the record, adversarial training's attack, took the
 // input's alone (torch.autograd.grad; with MEMPLAN_WARMUP=1 the attack's step is the only
-// record, Agent::widest_backward has no other). Its kind is planned again from the record with
-// the larger of the two differences kept through backward (the CNN --adversarial at 50%:
-// +13.7% -> +0.0%, the attack's steps under).
+// record, Agent::widest_backward has no other). Its kind is planned again from the record with,
+// at each of its backward nodes, what the step had there beyond the plan's prediction
+// (kind_profile.h backward_excess; the CNN --adversarial at 50%: +13.7% -> +0.0%, the attack's
+// steps under); or, when the step was recorded light, with the larger of the two differences
+// kept through backward.
 //
 // A step that left out some of its plan's ops (`gapped`: a kind the plan covers) is held to the
 // plan's prediction, not predicted by it: it may run over it (and so have the kind planned
@@ -89,12 +95,24 @@ void Agent::check_gap(const Profile& p, bool gapped) {
       (p.end_bytes - p.baseline_bytes) - (rec.planned->end_bytes - rec.planned->baseline_bytes);
   if (less <= margin && more_end > margin) {
     if (refuse_remake(rec, p.step, over)) return;
+    // Where it made them, node by node, when the step's record tells (not recorded light): kept
+    // through the whole backward they over-predict its early nodes (the views model at 73%:
+    // -9.3%, the MLP --autograd-grad at 50%: -5.8%; now both +0.0%).
+    std::vector<int64_t> live, peak;
+    const bool by_node = backward_excess_of(p, rec, &live, &peak);
     info("step {} ended with {} more allocated than step {} its plan was made from (its backward made what that "
          "step's did not: gradients of parameters that step took none for), and peaked {} over the prediction: "
-         "its kind of step is planned again with that memory kept through backward",
-         p.step, format_bytes(more_end), rec.record_step, format_bytes(over));
-    // What it ran over by, when more: the extra of a backward that runs more nodes is not all
-    // left at its end (the CNN's weight gradients' temporaries: +1.3% with the end's alone).
+         "its kind of step is planned again with that memory {}",
+         p.step, format_bytes(more_end), rec.record_step, format_bytes(over),
+         by_node ? "where that step's backward made it" : "kept through backward");
+    if (by_node) {
+      remake(index, with_backward_excess(*rec.planned, live, peak),
+             fmt::format("-backward-excess-{:016x}", excess_key(live, peak)),
+             ", what its kind's steps allocated beyond its record's at each backward node");
+      return;
+    }
+    // Else what it ran over by, when more: the extra of a backward that runs more nodes is not
+    // all left at its end (the CNN's weight gradients' temporaries: +1.3% with the end's alone).
     remake_for_gap(index, std::max(more_end, over), ", what its kind's steps allocated beyond its record's kept",
                    /*in_gap=*/false);
     return;
@@ -125,10 +143,35 @@ bool Agent::refuse_remake(const PlanRecord& rec, int64_t step, int64_t over) {
 // the forward through backward (fewer: freed), in place of it; `source` says why (the plan's
 // source in the summary and the report); `in_gap`: as with_gap_kept's.
 void Agent::remake_for_gap(size_t index, int64_t bytes, const char* source, bool in_gap) {
-  const std::shared_ptr<const Profile> planned = plans_[index].planned;
-  PlanRecord next = make_plan(with_gap_kept(*planned, bytes, in_gap),
-                              fmt::format("-{}-{}-{}", in_gap ? "gap" : "backward", bytes > 0 ? "kept" : "freed",
-                                          std::abs(bytes)));
+  remake(index, with_gap_kept(*plans_[index].planned, bytes, in_gap),
+         fmt::format("-{}-{}-{}", in_gap ? "gap" : "backward", bytes > 0 ? "kept" : "freed", std::abs(bytes)), source);
+}
+
+// What replayed step `p` of plans_[index] had allocated beyond the plan's prediction at each node
+// of its record's backward (kind_profile.h backward_excess), the prediction simulated again from
+// the record and the plan (once per remake: a graph build and a simulation).
+bool Agent::backward_excess_of(const Profile& p, const PlanRecord& rec, std::vector<int64_t>* live,
+                               std::vector<int64_t>* peak) const {
+  if (!rec.replayer || !rec.planned || p.backward.empty()) return false;
+  planner::Graph g;
+  std::string error;
+  if (!planner::build_graph(*rec.planned, &g, &error)) return false;
+  const planner::SimResult sim = planner::simulate(g, rec.replayer->plan());
+  return sim.ok && backward_excess(p, *rec.planned, sim.bwd_live, sim.bwd_peak, live, peak);
+}
+
+// The plan cache's name for a profile remade with these excesses (FNV-1a over both).
+uint64_t Agent::excess_key(const std::vector<int64_t>& live, const std::vector<int64_t>& peak) {
+  uint64_t h = 1469598103934665603ull;
+  for (const std::vector<int64_t>* v : {&live, &peak})
+    for (int64_t x : *v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+  return h;
+}
+
+// Plans the kind of plans_[index] again from `profile` (its record, changed), in place of it;
+// `variant` names it in the plan cache, `source` says why (the summary and the report).
+void Agent::remake(size_t index, const Profile& profile, const std::string& variant, const char* source) {
+  PlanRecord next = make_plan(profile, variant);
   const PlanRecord& old = plans_[index];
   next.grads = old.grads;
   next.remade_from = static_cast<int>(index);

@@ -150,3 +150,47 @@ Profile with_gap_kept(const Profile& recorded, int64_t bytes, bool in_gap) {
 }
 
 }  // namespace memplan
+
+namespace memplan {
+
+bool backward_excess(const Profile& step, const Profile& record, const std::vector<int64_t>& predicted_live,
+                     const std::vector<int64_t>& predicted_peak, std::vector<int64_t>* live,
+                     std::vector<int64_t>* peak) {
+  const size_t m = record.backward.size(), n = step.backward.size();
+  if (m == 0 || n < m || predicted_live.size() != m || predicted_peak.size() != m) return false;
+  std::vector<size_t> at(m);  // at[j]: the step's node matched to the record's node j
+  size_t k = 0;
+  for (size_t j = 0; j < m; ++j) {
+    while (k < n && step.backward[k].name != record.backward[j].name) ++k;
+    if (k == n) return false;
+    at[j] = k++;
+  }
+  live->assign(m, 0);
+  peak->assign(m, 0);
+  for (size_t j = 0; j < m; ++j) {
+    const size_t first = j == 0 ? 0 : at[j], end = j + 1 < m ? at[j + 1] : n;
+    int64_t top = 0;
+    for (size_t i = first; i < end; ++i) top = std::max({top, step.backward[i].peak, step.backward[i].live_after});
+    const int64_t after = step.backward[end - 1].live_after - step.baseline_bytes;
+    (*live)[j] = std::max<int64_t>(0, after - (predicted_live[j] - record.baseline_bytes));
+    (*peak)[j] = std::max<int64_t>(0, (top - step.baseline_bytes) - (predicted_peak[j] - record.baseline_bytes));
+  }
+  return true;
+}
+
+Profile with_backward_excess(const Profile& recorded, const std::vector<int64_t>& live,
+                             const std::vector<int64_t>& peak) {
+  Profile p = recorded;
+  if (p.backward.empty() || live.size() != p.backward.size() || peak.size() != p.backward.size()) return p;
+  for (size_t j = 0; j < p.backward.size(); ++j) {
+    Op& node = p.backward[j];
+    if (j > 0) node.live_before += live[j - 1];
+    node.live_after += live[j];
+    node.peak = std::max({node.peak + peak[j], node.live_before, node.live_after});
+    p.peak_bytes = std::max(p.peak_bytes, node.peak);
+  }
+  p.end_bytes += live.back();
+  return p;
+}
+
+}  // namespace memplan

@@ -71,4 +71,23 @@ Profile with_gradients_kept(const Profile& p, int64_t* added = nullptr);
 // the record's gap as it was: the step freed there what `p` did.
 Profile with_gap_kept(const Profile& p, int64_t bytes, bool in_gap = true);
 
+// A replayed step whose backward ran more nodes than its plan's record (the record adversarial
+// training's attack, which takes the input's gradient alone; the step's backward makes every
+// parameter's): what it had allocated beyond the plan's prediction at each of the record's
+// backward nodes. The record's nodes are found in order, by name, among the step's (false when one
+// is not, or the step has no backward record: recorded light); the step's nodes before the second
+// match count with the first, those after a match up to the next with it. `predicted_live` and
+// `predicted_peak`: the plan's simulated memory after and during each of the record's nodes
+// (planner SimResult::bwd_live/bwd_peak, on the record's baseline). Out, per record node: the
+// excess after it and during it, neither below zero. Cost: one pass over both backwards.
+bool backward_excess(const Profile& step, const Profile& record, const std::vector<int64_t>& predicted_live,
+                     const std::vector<int64_t>& predicted_peak, std::vector<int64_t>* live,
+                     std::vector<int64_t>* peak);
+
+// `p` with `live[j]` more allocated after its backward node j (so before node j + 1) and its peak
+// during node j `peak[j]` higher (at least its new live counts); the step's end and peak follow.
+// Gradients the step made node by node are counted where they were made, not from the start of
+// backward as with_gap_kept's bytes (which over-predicted the views model by 9.3%).
+Profile with_backward_excess(const Profile& p, const std::vector<int64_t>& live, const std::vector<int64_t>& peak);
+
 }  // namespace memplan

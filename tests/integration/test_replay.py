@@ -577,6 +577,24 @@ def test_adversarial_training_keeps_to_the_plan_of_the_backward_that_makes_the_g
     assert max(attacks) < plan["predicted_peak_bytes"], (attacks, plan)
 
 
+def test_gradients_a_step_made_beyond_its_record_are_counted_where_its_backward_made_them(runner, plain_runs):
+    # MEMPLAN_WARMUP=1 with adversarial training on the views model: the one record is the
+    # attack's (the input's gradient alone); the first training step makes every parameter's
+    # gradient, runs over, and its kind is planned again. Its gradients are made late in its
+    # backward, where no eviction lowers anything: counted node by node, the new record's peak is
+    # what that step measured, and no plan lowers it. Kept through the whole backward (before),
+    # they made a plan of 4 evictions predicting 10% more than any step reached (they ran 9.3% under).
+    p, report = identical_replay(runner, plain_runs, "views", "73%", ["--adversarial"], {"MEMPLAN_WARMUP": 1})
+    remade = [q for q in report["plans"] if q["remade_from"] >= 0]
+    assert len(remade) == 1, report["plans"]
+    first, again = report["plans"][remade[0]["remade_from"]], remade[0]
+    trigger = [b - base + first["baseline_bytes"] for r in report["replay"] if r["plan"] == first["index"]
+               for b, base in zip(r["measured_peak_bytes"], r["measured_baseline_bytes"])]
+    assert len(trigger) == 1, report["replay"]
+    assert abs(again["predicted_peak_bytes"] / trigger[0] - 1) <= 0.01, (again, trigger)
+    assert again["evictions"] == 0 and again["in_use"], again
+
+
 def test_a_gan_replays_both_backwards_of_its_iteration_each_as_planned(runner, plain_runs):
     # A GAN's iteration (train.py --gan): the generator's forward; the model, as the discriminator,
     # on real and detached fake inputs, its backward and optimizer step; then the generator's loss

@@ -144,6 +144,57 @@ TEST(KindProfile, AnAccumulateGradNodeRisesAsHighAsInAnyRecord) {
   EXPECT_EQ(q.backward[1].peak, r[0].backward[1].peak);
 }
 
+// Adversarial training's attack recorded (the input's gradient alone), a training step replayed
+// on its plan: the step's backward also runs each weight's TBackward0 and AccumulateGrad, and
+// makes 100 bytes of the first layer's gradient inside AddmmBackward0 (with 20 bytes of
+// temporaries), 40 of the second's in its TBackward0 (after its peak, so the peak excess there is
+// the first's 100). Its baseline is 50 bytes higher.
+TEST(KindProfile, WhatAWiderBackwardMadeIsCountedAtTheNodeThatMadeIt) {
+  Profile rec;
+  rec.baseline_bytes = 1000;
+  rec.backward = {node("AddmmBackward0", 1500, 1400, 1600), node("ReluBackward0", 1400, 1300, 1450),
+                  node("AddmmBackward0", 1300, 1200, 1350)};
+  rec.peak_bytes = 1600;
+  rec.end_bytes = 1200;
+  Profile step;
+  step.baseline_bytes = 1050;
+  const int64_t d = 50;
+  step.backward = {node("AddmmBackward0", 1500 + d, 1500 + d, 1720 + d), node("TBackward0", 1500 + d, 1500 + d, 1500 + d),
+                   node(kAcc, 1500 + d, 1500 + d, 1500 + d), node("ReluBackward0", 1500 + d, 1400 + d, 1550 + d),
+                   node("AddmmBackward0", 1400 + d, 1300 + d, 1450 + d), node("TBackward0", 1300 + d, 1340 + d, 1340 + d),
+                   node(kAcc, 1340 + d, 1340 + d, 1340 + d)};
+  // The plan predicted the record as it is (no action lowers these nodes).
+  std::vector<int64_t> live_pred, peak_pred;
+  for (const Op& n : rec.backward) live_pred.push_back(n.live_after), peak_pred.push_back(n.peak);
+  std::vector<int64_t> live, peak;
+  ASSERT_TRUE(backward_excess(step, rec, live_pred, peak_pred, &live, &peak));
+  EXPECT_EQ(live, (std::vector<int64_t>{100, 100, 140}));
+  EXPECT_EQ(peak, (std::vector<int64_t>{120, 100, 100}));
+  const Profile q = with_backward_excess(rec, live, peak);
+  EXPECT_EQ(q.backward[0].live_before, 1500);  // the gap as it was
+  EXPECT_EQ(q.backward[0].live_after, 1500);
+  EXPECT_EQ(q.backward[0].peak, 1720);
+  EXPECT_EQ(q.backward[1].live_before, 1500);
+  EXPECT_EQ(q.backward[1].peak, 1550);
+  EXPECT_EQ(q.backward[2].live_before, 1400);
+  EXPECT_EQ(q.backward[2].live_after, 1340);
+  EXPECT_EQ(q.end_bytes, 1340);
+  EXPECT_EQ(q.peak_bytes, 1720);
+  // Where the plan predicted more than the step had, nothing is taken away.
+  peak_pred[1] += 500;
+  live_pred[1] += 500;
+  ASSERT_TRUE(backward_excess(step, rec, live_pred, peak_pred, &live, &peak));
+  EXPECT_EQ(live[1], 0);
+  EXPECT_EQ(peak[1], 0);
+  // A record node the step did not run, or a step recorded light (no nodes): nothing to tell.
+  Profile other = rec;
+  other.backward[1].name = "GeluBackward0";
+  EXPECT_FALSE(backward_excess(step, other, live_pred, peak_pred, &live, &peak));
+  Profile light = step;
+  light.backward.clear();
+  EXPECT_FALSE(backward_excess(light, rec, live_pred, peak_pred, &live, &peak));
+}
+
 }  // namespace
 // A micro-step on a 1100-byte baseline (a 100-byte gradient exists) whose forward adds 500.
 // `zeroed`: the script sets the gradient to None between forward and backward (freed in the gap)
