@@ -109,16 +109,9 @@ bool format_timeline_diff(const Profile& prof, const Plan& plan, const Profile& 
     *error = "the plan fails the simulator: " + sim.error;
     return false;
   }
-  // A planned recompute runs before its node's callbacks begin, so the recorder counts its
-  // memory in the op or node before (Recorder::absorb_gap); the simulator counts it in the node
-  // it serves. Both are compared here with the recorder's convention.
-  std::vector<int64_t> fwd_pred = sim.fwd_peak, bwd_pred = sim.bwd_peak;
-  for (size_t a = 0; a < plan.recomputes.size(); ++a) {
-    const int64_t j = plan.recomputes[a].before_bwd;
-    if (j == 0 && fwd_pred.empty()) continue;
-    int64_t& before = j > 0 ? bwd_pred[static_cast<size_t>(j - 1)] : fwd_pred.back();
-    before = std::max(before, sim.action_peak[a]);
-  }
+  // Compared with the recorder's convention for a recompute's memory (the op or node before).
+  std::vector<int64_t> fwd_pred, bwd_pred;
+  recorded_peaks(plan, sim, &fwd_pred, &bwd_pred);
   // Measured numbers are put on the profile's baseline, as the report's measured peaks are.
   const int64_t shift = prof.baseline_bytes - replay.baseline_bytes;
   std::string text = fmt::format("{:>5} {:<44} {:>12} {:>12} {:>12} {:>12}\n", "", "op", "live diff",

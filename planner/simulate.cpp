@@ -311,4 +311,16 @@ SimResult simulate(const Graph& g, const Plan& plan) {
   return r;
 }
 
+void recorded_peaks(const Plan& plan, const SimResult& sim, std::vector<int64_t>* fwd_peak,
+                    std::vector<int64_t>* bwd_peak) {
+  *fwd_peak = sim.fwd_peak;
+  *bwd_peak = sim.bwd_peak;
+  for (size_t a = 0; a < plan.recomputes.size() && a < sim.action_peak.size(); ++a) {
+    const int64_t j = plan.recomputes[a].before_bwd;
+    if (j > static_cast<int64_t>(bwd_peak->size()) || (j == 0 && fwd_peak->empty())) continue;
+    int64_t& before = j > 0 ? (*bwd_peak)[static_cast<size_t>(j - 1)] : fwd_peak->back();
+    before = std::max(before, sim.action_peak[a]);
+  }
+}
+
 }  // namespace memplan::planner

@@ -33,4 +33,12 @@ struct SimResult {
 
 SimResult simulate(const Graph& g, const Plan& plan);
 
+// `sim`'s peaks per forward op and backward node as a replayed step's record counts them: a
+// planned recompute runs before its node's callbacks begin, so the recorder counts its memory in
+// the op or node before (Recorder::absorb_gap), where the simulator counts it in the node it
+// serves. That op or node is raised to the action's peak; the served node keeps it too (a
+// recompute on demand, inside the node, lands there).
+void recorded_peaks(const Plan& plan, const SimResult& sim, std::vector<int64_t>* fwd_peak,
+                    std::vector<int64_t>* bwd_peak);
+
 }  // namespace memplan::planner

@@ -301,3 +301,23 @@ TEST(Simulate, RngSnapshotsOfRerunRandomOpsLiveToTheEnd) {
   ASSERT_TRUE(build_graph(p, &g, &err)) << err;
   EXPECT_EQ(simulate(g, evict).peak, without.peak);
 }
+
+// A recompute's memory as a replayed step's record counts it: in the op or node before the node
+// it serves (the recorder absorbs the gap before a node's callbacks), which is raised to the
+// action's peak; the served node keeps the simulator's count; nothing else moves.
+TEST(Simulate, RecordedPeaksPutARecomputeInTheOpOrNodeBefore) {
+  SimResult sim;
+  sim.fwd_peak = {100, 200};
+  sim.bwd_peak = {300, 150, 120, 110};
+  Plan plan;
+  plan.recomputes = {Recompute{0, {1}, {}}, Recompute{2, {0}, {}}};
+  sim.action_peak = {260, 180};
+  std::vector<int64_t> fwd, bwd;
+  recorded_peaks(plan, sim, &fwd, &bwd);
+  EXPECT_EQ(fwd, (std::vector<int64_t>{100, 260}));      // before node 0: the forward's last op
+  EXPECT_EQ(bwd, (std::vector<int64_t>{300, 180, 120, 110}));
+  sim.action_peak = {50, 100};                            // under what those ops peaked at already
+  recorded_peaks(plan, sim, &fwd, &bwd);
+  EXPECT_EQ(fwd, sim.fwd_peak);
+  EXPECT_EQ(bwd, sim.bwd_peak);
+}
