@@ -14,6 +14,7 @@
 #include "planner/simulate.h"
 #include "profiler/bytes.h"
 #include "profiler/kind_profile.h"
+#include "profiler/op_hash.h"
 #include "profiler/profile_io.h"
 
 namespace memplan {
@@ -168,12 +169,12 @@ bool Agent::backward_excess_of(const Profile& p, const PlanRecord& rec, std::vec
   return backward_excess(p, *rec.planned, sim.bwd_live, predicted_peak, live, peak);
 }
 
-// The plan cache's name for a profile remade with these excesses (FNV-1a over both).
+// The plan cache's name for a profile remade with these excesses (OpHasher's FNV-1a over both).
 uint64_t Agent::excess_key(const std::vector<int64_t>& live, const std::vector<int64_t>& peak) {
-  uint64_t h = 1469598103934665603ull;
+  OpHasher h;
   for (const std::vector<int64_t>* v : {&live, &peak})
-    for (int64_t x : *v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-  return h;
+    for (int64_t x : *v) h.add(x);
+  return h.value();
 }
 
 // Plans the kind of plans_[index] again from `profile` (its record, changed), in place of it;

@@ -149,10 +149,6 @@ Profile with_gap_kept(const Profile& recorded, int64_t bytes, bool in_gap) {
   return p;
 }
 
-}  // namespace memplan
-
-namespace memplan {
-
 bool backward_excess(const Profile& step, const Profile& record, const std::vector<int64_t>& predicted_live,
                      const std::vector<int64_t>& predicted_peak, std::vector<int64_t>* live,
                      std::vector<int64_t>* peak) {

@@ -41,9 +41,9 @@ struct FreshGradients {
 // record. Only when some record allocated or kept more is anything changed (else the latest
 // record as it is). `began` (per record, may be null): how each step began, with or without its
 // gradients (any values, compared for equality only); only a record that began as the latest did
-// lends what it kept (the run's first step
-// holds its gradients through its backward for having none at its start, not for keeping them:
-// a step that begins so has a plan of its own, agent.h plan_without_gradients).
+// lends what it kept (the run's first step holds its gradients through its backward for having
+// none at its start, not for keeping them: a step that begins so has a plan of its own, agent.h
+// plan_without_gradients).
 Profile with_fresh_gradients(const std::vector<Profile>& recorded, size_t latest, FreshGradients* out = nullptr,
                              const std::vector<char>* began = nullptr);
 
