@@ -722,6 +722,7 @@ void Agent::end_step(Profile p) {
   }
   bool other_kind = false;  // ran other ops than its kind's, undetected while it ran
   bool measured = false;    // its peak measures its plan's prediction
+  bool resized = false;     // its kind's ops, with other sizes after an op whose output shape follows from data
   if (!choice_.profile && !diverged && p.signature != choice_.kind) {  // (a divergence says so itself)
     // The same ops with other sizes, in a kind whose ops' sizes follow from data (a loss over the
     // tokens a mask keeps): a step of the kind it replayed (Replayer::check_divergence let it run
@@ -729,6 +730,7 @@ void Agent::end_step(Profile p) {
     const PlanRecord& rec = plans_[static_cast<size_t>(choice_.plan)];
     if ((rec.data_dependent || choice_.family) && p.structure_signature == rec.structure) {
       p.signature = choice_.kind;
+      resized = rec.data_dependent && !choice_.family;
     } else if (gapped) {
       // Its kind is its own (StepKinds::finish decides which the history keeps), its peak the
       // plan's to keep under, though not to predict: measured apart.
@@ -740,6 +742,9 @@ void Agent::end_step(Profile p) {
                "their own");
     }
   }
+  // A plan without actions (no replayer): its steps are not measured, though one with other sizes
+  // may pass the budget (check_sizes).
+  const bool plain_plan = !choice_.profile && replayer_ == nullptr;
   if (replayer_) {
     replayer_->end_step();
     ReplayStats& st = replayer_->stats();
@@ -783,6 +788,7 @@ void Agent::end_step(Profile p) {
     if (plan_now) plan_record(profiles_.size() - 1);
   } else {
     check_gradient_credit(p);
+    if (resized && (measured || (plain_plan && !gapped))) check_sizes(p);
     if (measured || gapped) check_gap(p, gapped);
     if (diverged) plan_covering_record(p.signature);
   }
@@ -1013,9 +1019,14 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo
   *out = PlanInfo{};
   out->baseline = profile.baseline_bytes;
   out->unplanned_peak = profile.peak_bytes;
+  // A kind whose steps ran over their prediction with other sizes (check_sizes): planned that much
+  // under the budget, predicted that much over the record's simulation. Never a user's plan file.
+  const auto room = headroom_.find(profile.signature);
+  const int64_t headroom = opt.plan.empty() && room != headroom_.end() ? room->second : 0;
   auto accept = [&](planner::Plan plan, const std::string& from) -> std::optional<planner::Plan> {
     out->budget = plan.budget_bytes;
-    out->predicted_peak = plan.predicted_peak_bytes;
+    out->headroom = headroom;
+    out->predicted_peak = plan.predicted_peak_bytes + headroom;
     out->predicted_time_us = plan.predicted_time_us;
     out->unplanned_time_us = plan.unplanned_time_us;
     out->feasible = plan.feasible;
@@ -1049,8 +1060,8 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo
   if (!opt.plan_cache.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(opt.plan_cache, ec);
-    cache = fmt::format("{}/plan-{}-{}-rank{}{}.json", opt.plan_cache, profile.op_hash, budget_key(opt.budget),
-                        profile.rank, variant);
+    cache = fmt::format("{}/plan-{}-{}-rank{}{}{}.json", opt.plan_cache, profile.op_hash, budget_key(opt.budget),
+                        profile.rank, variant, headroom > 0 ? fmt::format("-headroom-{}", headroom) : "");
     planner::Plan plan;
     if (std::filesystem::exists(cache, ec)) {
       if (planner::read_plan_file(cache, &plan, &error) && planner::validate_plan(plan, profile, &error)) {
@@ -1071,16 +1082,17 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo
     warn("no plan ({}); running plain PyTorch", error);
     return std::nullopt;
   }
-  const planner::Budget requested = opt.budget;
-  const int64_t requested_bytes = planner::budget_bytes(requested, profile);
+  const int64_t requested_bytes = planner::budget_bytes(opt.budget, profile);
+  planner::Budget target;  // the budget less the kind's headroom, if any
+  target.kind = planner::Budget::Kind::Bytes;
+  target.bytes = requested_bytes - headroom;
   planner::PlanResult r;
-  if (requested_bytes < profile.peak_bytes) {
-    planner::Budget aimed;
-    aimed.kind = planner::Budget::Kind::Bytes;
-    aimed.bytes = requested_bytes - kReplayMargin * (profile.peak_bytes - profile.baseline_bytes) / 100;
+  if (target.bytes < profile.peak_bytes) {
+    planner::Budget aimed = target;
+    aimed.bytes -= kReplayMargin * (profile.peak_bytes - profile.baseline_bytes) / 100;
     r = pl.plan_for(aimed);
   }
-  if (!r.ok || !r.plan.feasible) r = pl.plan_for(requested);
+  if (!r.ok || !r.plan.feasible) r = pl.plan_for(headroom > 0 ? target : opt.budget);
   r.plan.budget_bytes = requested_bytes;
   out->planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r.ok) {
@@ -1101,8 +1113,10 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo
          "it runs as it is",
          format_bytes(r.plan.budget_bytes), format_bytes(profile.peak_bytes));
   } else if (!r.plan.feasible) {
-    warn("budget {} is below the minimum feasible {} for this step; running the minimum-memory plan",
-         format_bytes(r.plan.budget_bytes), format_bytes_up(r.plan.min_feasible_bytes));
+    warn("budget {}{} is below the minimum feasible {} for this step; running the minimum-memory plan",
+         format_bytes(r.plan.budget_bytes),
+         headroom > 0 ? fmt::format(" less {} for the sizes its steps took", format_bytes(headroom)) : "",
+         format_bytes_up(r.plan.min_feasible_bytes));
   }
   if (!cache.empty() && !planner::write_plan_file(cache, r.plan, &error)) warn("plan not cached: {}", error);
   return accept(std::move(r.plan), "planned");
@@ -1199,7 +1213,7 @@ void Agent::write_report(const std::string& path) const {
                           {"planning_s", i.planning_s},
                           {"kind", fmt::format("{:016x}", rec.kind)}, {"actions", rec.replayer != nullptr},
                           {"index", index}, {"replaces", rec.grads.credited}, {"variant_of", rec.grads.variant_of},
-                          {"remade_from", rec.remade_from},
+                          {"remade_from", rec.remade_from}, {"headroom_bytes", i.headroom},
                           {"in_use", kinds_.plan_of(rec.kind) == index}};
   };
   // "plan": the latest plan made (the only one, unless the script runs several kinds of step);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "agent/replay.h"
@@ -83,6 +84,9 @@ class Agent final : public OpSink {
     bool feasible = true;
     int64_t evictions = 0, recomputes = 0;
     int64_t rerun_ops = 0;  // forward ops its recomputes re-run, per step
+    // Bytes the plan was made to leave under the budget for a kind whose sizes follow from data
+    // (check_sizes); counted in predicted_peak.
+    int64_t headroom = 0;
   };
 
   // One plan, for one kind of step (StepKinds): its summary facts and, if it has actions, the
@@ -151,6 +155,7 @@ class Agent final : public OpSink {
   PlanRecord make_plan(const Profile& p, const std::string& variant = "");
   void check_gradient_credit(const Profile& p);
   void check_gap(const Profile& p, bool gapped = false);
+  void check_sizes(const Profile& p);
   void remake_for_gap(size_t index, int64_t bytes, const char* source, bool in_gap = true);
   void remake(size_t index, const Profile& profile, const std::string& variant, const char* source);
   bool backward_excess_of(const Profile& p, const PlanRecord& rec, std::vector<int64_t>* live,
@@ -216,7 +221,17 @@ class Agent final : public OpSink {
   bool timing_device_ = false;    // device_timer_ is timing the current step
   bool outputs_written_ = false;
   bool unrebuildable_said_ = false;  // planner::unrebuildable_note warned (once per run)
+  // How often a kind of step is planned again after its replayed steps ran over or under their
+  // plan's prediction (check_gap, check_sizes), at most; and the least difference worth it: a share
+  // of the predicted activation memory, or a floor (the views model's attack steps keep its 16 KB of
+  // gradients through backward).
+  static constexpr int kMaxRemakes = 2;
+  static constexpr int64_t kRemakeMarginPercent = 2;
+  static constexpr int64_t kRemakeMarginBytes = 64 << 10;
   std::vector<PlanRecord> plans_;  // in the order they were made
+  // Per kind of step whose sizes follow from data: what its steps ran over their plan's prediction
+  // by, all told (check_sizes); every plan made for the kind leaves that much under the budget.
+  std::unordered_map<uint64_t, int64_t> headroom_;
   Replayer* replayer_ = nullptr;   // the running step's, while it replays a plan with actions
   // While the running step's kind is undecided (narrow_kinds): the plans it may still replay,
   // the predicted one (choice_.plan) first; else empty.

@@ -19,10 +19,6 @@
 
 namespace memplan {
 
-namespace {
-constexpr int kMaxRemakes = 2;  // per kind, either way
-}  // namespace
-
 // A plan predicts the steps of its kind from one record, and takes what the script freed between
 // that record's forward and backward (zero_grad there) as every step's. It may not be: the script
 // frees what the step before left, and a step of another kind may have left more (the gradients
@@ -63,15 +59,13 @@ constexpr int kMaxRemakes = 2;  // per kind, either way
 // measured step: a few compares.
 void Agent::check_gap(const Profile& p, bool gapped) {
   constexpr int kLowerSteps = 3;
-  constexpr int64_t kMarginPercent = 2;  // of the plan's predicted activation memory
-  constexpr int64_t kMarginBytes = 64 << 10;
   if (choice_.profile || choice_.plan < 0 || !p.gap_bytes) return;
   const auto index = static_cast<size_t>(choice_.plan);
   PlanRecord& rec = plans_[index];
   if (!rec.planned || !rec.planned->gap_bytes || !rec.replayer || kinds_.plan_of(rec.kind) != static_cast<int>(index))
     return;
   const int64_t predicted = rec.info.predicted_peak - rec.info.baseline;
-  const int64_t margin = std::max(kMarginBytes, predicted * kMarginPercent / 100);
+  const int64_t margin = std::max(kRemakeMarginBytes, predicted * kRemakeMarginPercent / 100);
   const int64_t less = *p.gap_bytes - *rec.planned->gap_bytes;
   const int64_t over = (p.peak_bytes - p.baseline_bytes) - predicted;
   if (less < -margin && over < -margin) {
