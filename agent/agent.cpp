@@ -1092,7 +1092,7 @@ std::optional<planner::Plan> Agent::obtain_plan(const Profile& profile, PlanInfo
     aimed.bytes -= kReplayMargin * (profile.peak_bytes - profile.baseline_bytes) / 100;
     r = pl.plan_for(aimed);
   }
-  if (!r.ok || !r.plan.feasible) r = pl.plan_for(headroom > 0 ? target : opt.budget);
+  if (!r.ok || !r.plan.feasible) r = pl.plan_for(target);
   r.plan.budget_bytes = requested_bytes;
   out->planning_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r.ok) {

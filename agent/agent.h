@@ -161,6 +161,7 @@ class Agent final : public OpSink {
   bool backward_excess_of(const Profile& p, const PlanRecord& rec, std::vector<int64_t>* live,
                           std::vector<int64_t>* peak) const;
   static uint64_t excess_key(const std::vector<int64_t>& live, const std::vector<int64_t>& peak);
+  static int64_t remake_margin(int64_t predicted);
   bool refuse_remake(const PlanRecord& rec, int64_t step, int64_t over);
   void said_graph_kept();
   void credit_at_begin();
@@ -222,12 +223,8 @@ class Agent final : public OpSink {
   bool outputs_written_ = false;
   bool unrebuildable_said_ = false;  // planner::unrebuildable_note warned (once per run)
   // How often a kind of step is planned again after its replayed steps ran over or under their
-  // plan's prediction (check_gap, check_sizes), at most; and the least difference worth it: a share
-  // of the predicted activation memory, or a floor (the views model's attack steps keep its 16 KB of
-  // gradients through backward).
+  // plan's prediction (check_gap, check_sizes), at most.
   static constexpr int kMaxRemakes = 2;
-  static constexpr int64_t kRemakeMarginPercent = 2;
-  static constexpr int64_t kRemakeMarginBytes = 64 << 10;
   std::vector<PlanRecord> plans_;  // in the order they were made
   // Per kind of step whose sizes follow from data: what its steps ran over their plan's prediction
   // by, all told (check_sizes); every plan made for the kind leaves that much under the budget.

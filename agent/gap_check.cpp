@@ -65,7 +65,7 @@ void Agent::check_gap(const Profile& p, bool gapped) {
   if (!rec.planned || !rec.planned->gap_bytes || !rec.replayer || kinds_.plan_of(rec.kind) != static_cast<int>(index))
     return;
   const int64_t predicted = rec.info.predicted_peak - rec.info.baseline;
-  const int64_t margin = std::max(kRemakeMarginBytes, predicted * kRemakeMarginPercent / 100);
+  const int64_t margin = remake_margin(predicted);
   const int64_t less = *p.gap_bytes - *rec.planned->gap_bytes;
   const int64_t over = (p.peak_bytes - p.baseline_bytes) - predicted;
   if (less < -margin && over < -margin) {
@@ -120,6 +120,15 @@ void Agent::check_gap(const Profile& p, bool gapped) {
        "kind of step is planned again with that memory kept through backward",
        p.step, format_bytes(less), rec.record_step, format_bytes(over));
   remake_for_gap(index, less, ", what its record freed between forward and backward kept");
+}
+
+// The least difference from a plan's prediction (`predicted`: its activation memory) worth planning
+// its kind again: a share of it, or a floor (the views model's attack steps keep its 16 KB of
+// gradients through backward).
+int64_t Agent::remake_margin(int64_t predicted) {
+  constexpr int64_t kPercent = 2;
+  constexpr int64_t kBytes = 64 << 10;
+  return std::max(kBytes, predicted * kPercent / 100);
 }
 
 // Whether a plan that a step ran `over` its prediction must be kept all the same: the user's

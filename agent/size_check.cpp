@@ -2,12 +2,8 @@
 // record the plan was made from, against the budget.
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <string>
-
 #include "agent/agent.h"
 #include "agent/log.h"
-#include "agent/options.h"
 #include "profiler/bytes.h"
 
 namespace memplan {
@@ -39,17 +35,8 @@ void Agent::check_sizes(const Profile& p) {
   const int64_t used = p.peak_bytes - p.baseline_bytes;
   const int64_t over = used - predicted;
   const int64_t over_budget = used - (rec.info.budget - rec.info.baseline);
-  const int64_t margin = std::max(kRemakeMarginBytes, predicted * kRemakeMarginPercent / 100);
-  if (over_budget <= 0 || over <= margin) return;
-  if (!options().plan.empty() || rec.remakes >= kMaxRemakes) {
-    log_once("sizes-kept", LogLevel::Warn,
-             fmt::format("step {} ran its kind's ops with larger sizes than the record its plan was made from, and "
-                         "peaked {} over the budget; {}",
-                         p.step, format_bytes(over_budget),
-                         options().plan.empty() ? "its kind was planned again twice already: it keeps its plan"
-                                                : "the plan file given (MEMPLAN_PLAN) is replayed as it is"));
-    return;
-  }
+  if (over_budget <= 0 || over <= remake_margin(predicted)) return;
+  if (refuse_remake(rec, p.step, over)) return;
   int64_t& headroom = headroom_[rec.kind];
   headroom += over;
   info("step {} ran its kind's ops with larger sizes than step {} its plan was made from (after an op whose output "
