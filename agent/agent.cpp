@@ -780,6 +780,9 @@ void Agent::end_step(Profile p) {
           choice_.profile ? "profiled" : fmt::format("replayed kind {:016x}", choice_.kind),
           diverged ? ", diverged" : "");
   }
+  // A step run plainly (a record, or a step under a plan without actions) tells how far its
+  // kind's sizes range (sizes_settled).
+  if ((choice_.profile || plain_plan) && !diverged && !gapped && !other_kind) note_size(p.signature, p);
   bool plan_now = kinds_.finish(choice_, p.signature, first_op_, diverged, gapped);
   if (choice_.profile) {
     profile_next_ = false;  // reset here: begin_step may run more than once per step
@@ -903,7 +906,8 @@ void Agent::keep_record(Profile p) {
   outputs_written_ = false;
 }
 
-// The recent steps are all of kinds whose plans have no actions: stop observing ops, zero cost
+// The recent steps are all of kinds whose plans have no actions (and, for sizes that follow from
+// data, whose steps keep well under the budget: sizes_settled): stop observing ops, zero cost
 // from here (a budget above the un-planned peak).
 bool Agent::nothing_to_do() const {
   constexpr int kRecent = 8;  // steps looked at: a first step that differed ages out of them
@@ -916,6 +920,8 @@ bool Agent::nothing_to_do() const {
     // Made without gradients a step may yet allocate: watched (credit_at_begin), the plan that
     // counts them may have actions.
     if (rec.replayer || (rec.grads.credited >= 0 && rec.grads.fresh_bytes > 0)) return false;
+    // Sizes that follow from data, close to the budget: watched (check_sizes).
+    if (rec.data_dependent && !sizes_settled(rec)) return false;
   }
   return true;
 }
@@ -1225,6 +1231,16 @@ void Agent::write_report(const std::string& path) const {
   if (!plans.empty()) j["plan"] = plans.back();
   j["plans"] = plans;
   j["step_kinds"] = {{"kinds", kinds_.kinds()}, {"misses", kinds_.misses()}};
+  // Per kind of step whose sizes follow from data, the steps it ran plainly (records, steps under a
+  // plan without actions) and the least and most they peaked above their baselines (sizes_settled).
+  nlohmann::json sizes = nlohmann::json::object();
+  for (const PlanRecord& rec : plans_) {
+    const auto it = sizes_.find(rec.kind);
+    if (!rec.data_dependent || it == sizes_.end()) continue;
+    sizes[fmt::format("{:016x}", rec.kind)] = {
+        {"steps", it->second.steps}, {"low_bytes", it->second.low}, {"high_bytes", it->second.high}};
+  }
+  j["data_dependent_sizes"] = sizes;
   nlohmann::json reps = nlohmann::json::array();
   auto add = [&](const PlanRecord& rec) {
     const ReplayStats& st = rec.replayer->stats();

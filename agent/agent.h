@@ -156,12 +156,16 @@ class Agent final : public OpSink {
   void check_gradient_credit(const Profile& p);
   void check_gap(const Profile& p, bool gapped = false);
   void check_sizes(const Profile& p);
+  bool replannable_for_sizes(const PlanRecord& rec) const;
+  void note_size(uint64_t kind, const Profile& p);
+  bool sizes_settled(const PlanRecord& rec) const;
   void remake_for_gap(size_t index, int64_t bytes, const char* source, bool in_gap = true);
   void remake(size_t index, const Profile& profile, const std::string& variant, const char* source);
   bool backward_excess_of(const Profile& p, const PlanRecord& rec, std::vector<int64_t>* live,
                           std::vector<int64_t>* peak) const;
   static uint64_t excess_key(const std::vector<int64_t>& live, const std::vector<int64_t>& peak);
   static int64_t remake_margin(int64_t predicted);
+  bool may_remake(const PlanRecord& rec) const;
   bool refuse_remake(const PlanRecord& rec, int64_t step, int64_t over);
   void said_graph_kept();
   void credit_at_begin();
@@ -229,6 +233,13 @@ class Agent final : public OpSink {
   // Per kind of step whose sizes follow from data: what its steps ran over their plan's prediction
   // by, all told (check_sizes); every plan made for the kind leaves that much under the budget.
   std::unordered_map<uint64_t, int64_t> headroom_;
+  // Per kind of step whose sizes follow from data: the least and most its steps run plainly (its
+  // records, and steps under a plan without actions) peaked above their baselines (sizes_settled).
+  struct SizeRange {
+    int64_t low = INT64_MAX, high = INT64_MIN;
+    int steps = 0;
+  };
+  std::unordered_map<uint64_t, SizeRange> sizes_;
   Replayer* replayer_ = nullptr;   // the running step's, while it replays a plan with actions
   // While the running step's kind is undecided (narrow_kinds): the plans it may still replay,
   // the predicted one (choice_.plan) first; else empty.

@@ -71,7 +71,7 @@ void Agent::check_gap(const Profile& p, bool gapped) {
   if (less < -margin && over < -margin) {
     if (gapped) return;
     rec.more_freed = rec.more_freed_steps == 0 ? -less : std::min(rec.more_freed, -less);
-    if (++rec.more_freed_steps < kLowerSteps || !options().plan.empty() || rec.remakes >= kMaxRemakes) return;
+    if (++rec.more_freed_steps < kLowerSteps || !may_remake(rec)) return;
     info("{} replayed steps in a row, the latest step {}, each freed at least {} more between forward and "
          "backward than step {} its plan was made from (the script frees memory there: gradients zeroed "
          "before backward), and peaked under the prediction by more than {}: its kind of step is planned "
@@ -131,10 +131,14 @@ int64_t Agent::remake_margin(int64_t predicted) {
   return std::max(kBytes, predicted * kPercent / 100);
 }
 
+// Whether the kind of `rec` may be planned again: not a user's plan file (MEMPLAN_PLAN, replayed as
+// it is), and not remade kMaxRemakes times already.
+bool Agent::may_remake(const PlanRecord& rec) const { return options().plan.empty() && rec.remakes < kMaxRemakes; }
+
 // Whether a plan that a step ran `over` its prediction must be kept all the same: the user's
 // plan file, or a kind planned again twice already (one warning).
 bool Agent::refuse_remake(const PlanRecord& rec, int64_t step, int64_t over) {
-  if (options().plan.empty() && rec.remakes < kMaxRemakes) return false;
+  if (may_remake(rec)) return false;
   log_once("gap-kept-not", LogLevel::Warn,
            fmt::format("step {} peaked {} over the prediction, and allocated more than the record its plan was "
                        "made from; {}",

@@ -85,18 +85,25 @@ def measured_peak(report):
 
 
 def same_results(a_dir, b_dir):
-    """(identical, what differed) comparing two runs' dumps with torch.equal: every loss, every
-    gradient and every buffer (BatchNorm's running statistics are part of the result)."""
+    """(identical, what differed) comparing two runs' dumps with torch.equal (NaN equal to NaN):
+    every loss, every gradient and every buffer (BatchNorm's running statistics are part of the
+    result)."""
     import torch
+
+    def equal(x, y):
+        # torch.equal, with NaN equal to NaN at the same places: a script whose training diverges
+        # (tv-vit --weight-norm: every loss NaN) ran plainly against itself is not "different".
+        return torch.equal(x, y) or (x.is_floating_point() and x.dtype == y.dtype and x.shape == y.shape and
+                                     bool(torch.isclose(x, y, rtol=0, atol=0, equal_nan=True).all()))
 
     a, b = torch.load(Path(a_dir) / "dump.pt"), torch.load(Path(b_dir) / "dump.pt")
     for i, (x, y) in enumerate(zip(a["loss"], b["loss"])):
-        if not torch.equal(x, y):
+        if not equal(x, y):
             return False, f"loss of step {i}"
     for kind, key in (("gradient", "grads"), ("buffer", "buffers")):
         for i, (xa, xb) in enumerate(zip(a.get(key, []), b.get(key, []))):
             for name in xa:
-                if name not in xb or not torch.equal(xa[name], xb[name]):
+                if name not in xb or not equal(xa[name], xb[name]):
                     return False, f"{kind} {name} at step {i}"
     return len(a["loss"]) == len(b["loss"]) > 0, "number of steps"
 

@@ -718,6 +718,36 @@ def test_a_step_larger_than_its_record_after_a_data_dependent_shape_has_its_kind
         assert plan["predicted_peak_bytes"] <= (plan["min_feasible_bytes"] + plan["headroom_bytes"]) * 1.001
 
 
+def test_steps_of_data_dependent_sizes_close_to_the_budget_stay_watched_under_a_plan_without_actions(
+        runner, plain_runs):
+    # At 106% the plan has no actions, and there is no replayer to follow its steps. The agent used
+    # to stop observing ops after the warm-up, and step 26, which kept more rows than any before it,
+    # ran 49 KiB over the budget unseen. The steps' peaks span about 5% of the activation memory, and
+    # the budget is only 6% above the highest: the steps stay watched (Agent::sizes_settled), and
+    # the one over the budget has its kind planned with room (check_sizes).
+    extra = ["--small", "--drop-rows", "--release-params", "--batch", "8", "--steps", "30"]
+    p, report = identical_replay(runner, plain_runs, "mlp", "106%", extra)
+    first = report["plans"][0]
+    assert not first["actions"] and first["headroom_bytes"] == 0, report["plans"]
+    assert p.stderr.count("ran its kind's ops with larger sizes") == 1, p.stderr
+    assert "step 26 ran" in p.stderr, p.stderr
+    remade = [q for q in report["plans"] if q["remade_from"] >= 0]
+    assert len(remade) == 1 and remade[0]["in_use"] and remade[0]["headroom_bytes"] > 0, report["plans"]
+    seen = report["data_dependent_sizes"][first["kind"]]
+    assert seen["steps"] >= 25 and seen["low_bytes"] < seen["high_bytes"], seen
+
+
+def test_steps_of_data_dependent_sizes_far_under_the_budget_are_no_longer_watched(runner, plain_runs):
+    # The same model at 200%: far above the peaks its steps reach, next to how far apart those lie.
+    # After a few steps the agent stops observing ops (no cost from there).
+    extra = ["--small", "--drop-rows", "--release-params", "--batch", "8", "--steps", "30"]
+    p, report = identical_replay(runner, plain_runs, "mlp", "200%", extra)
+    assert report["phase"] == "done" and report["replay"] == []
+    assert "larger sizes" not in p.stderr
+    seen = next(iter(report["data_dependent_sizes"].values()))
+    assert 4 <= seen["steps"] <= 12, seen
+
+
 @pytest.mark.parametrize("warmup", [2, 1])
 def test_an_optimizer_step_in_backward_needs_no_copy_of_the_parameters(runner, plain_runs, warmup):
     # PyTorch's optimizer-in-backward recipe: each parameter is updated from its
