@@ -233,8 +233,9 @@ class Agent final : public OpSink {
   // Per kind of step whose sizes follow from data: what its steps ran over their plan's prediction
   // by, all told (check_sizes); every plan made for the kind leaves that much under the budget.
   std::unordered_map<uint64_t, int64_t> headroom_;
-  // Per kind of step whose sizes follow from data: the least and most its steps run plainly (its
-  // records, and steps under a plan without actions) peaked above their baselines (sizes_settled).
+  // Per kind of step: the least and most its steps run plainly (its records, and steps under a plan
+  // without actions) peaked above their baselines. Kept for every kind (whether its sizes follow
+  // from data is known only once it is planned); read for those whose do (sizes_settled).
   struct SizeRange {
     int64_t low = INT64_MAX, high = INT64_MIN;
     int steps = 0;
