@@ -117,9 +117,9 @@ def check(cfg):
             limit = plan["budget_bytes"] if plan["feasible"] else plan["predicted_peak_bytes"]
             # The step that had a plan remade may be one that left out some of its ops (a kind
             # the plan covers): that one over the limit is the plan's last.
-            # 1% over, or the agent's own floor for a difference worth a new plan, 64 KiB (gap_check.cpp:
-            # the views model's attack steps keep its 16 KB of gradients through backward).
-            slack = max(limit // 100, 64 << 10)
+            # 1% over, or the agent's own floor for a difference worth a new plan, 32 KiB (gap_check.cpp
+            # remake_margin: the views model's attack steps keep its 16 KB of gradients through backward).
+            slack = max(limit // 100, 32 << 10)
             excused = False
             if r.get("plan") in remade and gapped and max(gapped) > limit + slack:
                 notes.append(f"remade after a gapped step {max(gapped) / limit * 100 - 100:+.1f}% vs its limit")
