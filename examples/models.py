@@ -118,6 +118,17 @@ class Block(nn.Module):
             # set order) unless deterministic algorithms are on; layer_norm saves its result.
             x = torch.zeros_like(x).index_copy(1, torch.arange(x.size(1), device=x.device), x)
         x = x + self.attn(self.ln1(x))
+        side = getattr(self, "side_stream", None)
+        if side is not None and x.is_cuda:
+            # The MLP on a side stream (train.py --side-stream), ordered against the default stream
+            # by waits both ways; its result, made there, is read on the default stream.
+            main = torch.cuda.current_stream(x.device)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                m = self.mlp(self.ln2(x))
+            main.wait_stream(side)
+            m.record_stream(main)
+            return x + m
         return x + self.mlp(self.ln2(x))
 
 

@@ -65,6 +65,8 @@ def parse():
                         "the middle of the step)")
     p.add_argument("--log-params-before-step", action="store_true",
                    help="keep a copy of every parameter, made between backward and the optimizer step")
+    p.add_argument("--side-stream", action="store_true",
+                   help="GPT-2 on CUDA: each block's MLP runs on a side stream of its own (waits both ways)")
     p.add_argument("--sdpa", action="store_true",
                    help="GPT-2: F.scaled_dot_product_attention with its dropout (random, no Generator argument)")
     p.add_argument("--noisy-op", action="store_true",
@@ -423,6 +425,12 @@ def main():
     scaler = (torch.amp.GradScaler(torch.device(args.device).type)
               if args.grad_scaler and not args.optimizer_in_backward else None)
     inner.shared_layer = args.shared_layer  # read by the module's forward, not by a DDP wrapper
+    if args.side_stream:
+        if torch.device(args.device).type != "cuda" or args.model != "gpt2":
+            print("train: --side-stream needs --model gpt2 on a CUDA device; ignored", file=sys.stderr)
+        else:
+            for blk in inner.blocks:
+                blk.side_stream = torch.cuda.Stream(torch.device(args.device))
     inner.pos_first = args.pos_first
     if args.release_params:
         release_after_forward(inner.net[0].weight, inner.net[0])

@@ -288,6 +288,17 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
                      !mutated[v] && val.bytes > 0 && !val.saved_by.empty() &&
                      !val.unpacked_by.empty();
   }
+  // Nor is a value an op on a side stream reads: freed after its last forward use, its memory
+  // could go to the default stream while that op's kernels still read it on theirs (rerun_handle.h
+  // side_stream_of). What such an op makes cannot be rebuilt (not rerunnable: drop_unrebuildable).
+  for (int64_t i = 0; i < nf; ++i) {
+    if (!p.forward[i].side_stream) continue;
+    for (const TensorRef& t : p.forward[i].inputs)
+      if (t.value >= 0 && t.value < nv && G.evictable[t.value]) {
+        G.evictable[t.value] = 0;
+        G.side_stream_bytes += G.bytes(t.value);
+      }
+  }
   drop_unrebuildable(&G);
   find_masks(p, &G);
   G.step_time_us = (p.forward_us + p.backward_us > 0) ? p.forward_us + p.backward_us
@@ -296,12 +307,26 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
 }
 
 std::string unrebuildable_note(const Graph& g) {
-  if (g.unrebuildable_bytes == 0) return "";
+  bool any_side = false;  // a side stream's ops are named apart: their names say nothing of why
+  for (int64_t i = 0; i < g.n_fwd; ++i) any_side = any_side || g.prof->forward[i].side_stream;
+  const std::string side =
+      any_side ? fmt::format("{}forward ops run on a side stream (torch.cuda.stream) are not re-run, and what they "
+                             "read is not freed early ({} of saved activations kept for that alone)",
+                             g.unrebuildable_bytes > 0 ? "; " : "", format_bytes(g.side_stream_bytes))
+               : "";
+  if (g.unrebuildable_bytes == 0 && g.side_stream_bytes == 0) return "";
+  if (g.unrebuildable_bytes == 0) return side;
   std::vector<std::string> names;
   for (int64_t i = 0; i < g.n_fwd; ++i) {
     const std::string& n = g.prof->forward[i].name;
-    if (!g.rerunnable[i] && std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+    if (!g.rerunnable[i] && !g.prof->forward[i].side_stream && std::find(names.begin(), names.end(), n) == names.end())
+      names.push_back(n);
   }
+  if (names.empty())  // only a side stream's ops stand in the way
+    return fmt::format("{} of saved activations cannot be evicted: rebuilding them would need forward ops run on "
+                       "a side stream (torch.cuda.stream), which memplan does not re-run; what those ops read is "
+                       "not freed early either ({} of saved activations kept for that alone)",
+                       format_bytes(g.unrebuildable_bytes), format_bytes(g.side_stream_bytes));
   std::string list;
   for (size_t k = 0; k < names.size() && k < 3; ++k) list += (k ? ", " : "") + names[k];
   if (names.size() > 3) list += fmt::format(" and {} more", names.size() - 3);
@@ -332,7 +357,7 @@ std::string unrebuildable_note(const Graph& g) {
       only_nondet              ? ""
       : nondet != names.end()  ? ": a torch.compile'd graph, a custom autograd.Function or a nondeterministic kernel"
                                : ": a torch.compile'd graph or a custom autograd.Function",
-      hints);
+      hints) + side;
 }
 
 std::vector<int64_t> Graph::compaction_candidates() const {

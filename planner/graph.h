@@ -36,6 +36,8 @@ struct Graph {
   std::vector<char> rerunnable;         // per fwd op: Op::rerunnable, or it makes no value (a
                                         // rebuild never needs to run it)
   int64_t unrebuildable_bytes = 0;      // saved activations not evictable for want of such ops
+  int64_t side_stream_bytes = 0;        // saved activations not evictable: an op on a side stream
+                                        // reads them (Op::side_stream)
   // per fwd op: re-running it would re-run an op that cannot be, for an input nothing keeps (not
   // saved for backward) or that a view re-exposed. A saved input made by a stuck op is read where
   // it is instead (alive to its last unpack).
@@ -89,7 +91,8 @@ bool build_graph(const Profile& p, Graph* g, std::string* error);
 
 // One line for the user when some saved activations cannot be evicted because an op that makes
 // them (or their inputs) cannot be re-run (torch.compile's CompiledFunction, a custom
-// autograd.Function); "" when there are none.
+// autograd.Function), or because an op on a side stream reads them (Op::side_stream); "" when
+// there are none.
 std::string unrebuildable_note(const Graph& g);
 
 }  // namespace memplan::planner

@@ -12,12 +12,14 @@ void OpHasher::add_op(const Op& op) {
   add(op.name.c_str());
   add(op.overload.c_str());
   for (const TensorRef& t : op.inputs) add_input(t.dtype.c_str(), t.shape.data(), t.shape.size());
+  if (op.side_stream) add_side_stream();
 }
 
 void OpHasher::add_op_structure(const Op& op) {
   add(op.name.c_str());
   add(op.overload.c_str());
   for (const TensorRef& t : op.inputs) add_input_structure(t.dtype.c_str(), t.shape.size());
+  if (op.side_stream) add_side_stream();  // no drift: another stream is another op
 }
 
 bool data_dependent_shape(const Op& op) {

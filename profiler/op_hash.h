@@ -1,5 +1,6 @@
-// Identity of a step's op sequence: FNV-1a over each forward op's name, overload, and input
-// shapes and dtypes. The same running hash is fed op by op during replay to catch divergence.
+// Identity of a step's op sequence: FNV-1a over each forward op's name, overload, input shapes
+// and dtypes, and whether it ran on a side stream. The same running hash is fed op by op during
+// replay to catch divergence.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +22,12 @@ class OpHasher {
   }
   uint64_t value() const { return h_; }
   std::string hex() const;
-  // One op: name, overload, then each input's dtype and shape.
+  // One op: name, overload, then each input's dtype and shape, then add_side_stream if it ran on one.
   void add_op(const Op& op);
+  // The op ran on a side stream (Op::side_stream; nothing is added for the default stream, so
+  // the hashes of steps without side streams are what they were). In the structure too: a call
+  // that moved to or from a side stream is another op, never the same op at other sizes.
+  void add_side_stream() { add("side_stream"); }
   // One input of an op, as add_op feeds it (for hashing without building an Op).
   void add_input(const char* dtype, const int64_t* shape, size_t ndim) {
     add_input_structure(dtype, ndim);

@@ -60,6 +60,9 @@ struct Op {
   bool random = false;              // draws from an RNG (has a Generator? argument, or dropout)
   bool rerunnable = true;           // forward ops: a rebuild can call it again (rerun_handle.h);
                                     // false for a Python autograd.Function (CompiledFunction)
+  bool side_stream = false;         // forward ops: ran on a stream other than its device's default
+                                    // (`with torch.cuda.stream(s)`): not re-run, and nothing it
+                                    // reads is evicted (planner/graph.cpp)
   std::vector<int64_t> writes;      // forward ops: input values its schema lets it write in place
                                     // (relu_'s self, batch_norm's running stats; op_writes.h)
 };

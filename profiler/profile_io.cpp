@@ -66,6 +66,7 @@ json op_to_json(const Op& op) {
   for (const auto& t : op.outputs) j["outputs"].push_back(tensor_to_json(t));
   if (!op.packs.empty()) j["packs"] = op.packs;
   if (!op.rerunnable) j["rerunnable"] = false;
+  if (op.side_stream) j["side_stream"] = true;
   if (!op.writes.empty()) j["writes"] = op.writes;
   return j;
 }
@@ -104,6 +105,7 @@ void op_from_json(const json& j, Op* op) {
   op->peak = j.at("peak").get<int64_t>();
   op->random = j.value("random", false);
   op->rerunnable = j.value("rerunnable", true);
+  op->side_stream = j.value("side_stream", false);
   for (const auto& t : j.value("inputs", json::array())) tensor_from_json(t, &op->inputs.emplace_back());
   for (const auto& t : j.value("outputs", json::array())) tensor_from_json(t, &op->outputs.emplace_back());
   op->packs = j.value("packs", std::vector<int64_t>());

@@ -182,7 +182,11 @@ uint64_t Recorder::op_structure_hash(int64_t op) const {
   return light_ ? light_structure_ : structure_of(profile_.forward.at(op));
 }
 
-// Cost: FNV-1a over ~100-200 bytes per op; no allocation.
+// A call on a side stream is another op than the same call on the default stream (OpHasher::
+// add_op: Op::side_stream): a step whose op moved to or from a side stream leaves its plan's
+// profile, so the replay stops evicting and the step is recorded again.
+// Cost: FNV-1a over ~100-200 bytes per op, a device read per tensor (CallDevice), and for a call
+// off the CPU side_stream_of's two virtual calls; no allocation.
 uint64_t Recorder::identity_hash(const at::RecordFunction& fn, uint64_t* structure) {
   OpHasher h, st;
   h.add(fn.name());
@@ -191,13 +195,21 @@ uint64_t Recorder::identity_hash(const at::RecordFunction& fn, uint64_t* structu
     st.add(fn.name());
     st.add(fn.overload_name());
   }
+  CallDevice device;
   for (const c10::IValue& iv : fn.inputs()) {
+    device.see(iv);
     for_each_tensor(iv, [&](const at::Tensor& t) {
       const auto sizes = t.sizes();
       const char* dtype = c10::toString(t.scalar_type());
       h.add_input(dtype, sizes.data(), sizes.size());
       if (structure) st.add_input_structure(dtype, sizes.size());
+      device.see(t);
     });
+  }
+  const c10::Device d = device.device();
+  if (!d.is_cpu() && side_stream_of(d)) {  // on_side_stream, from this pass
+    h.add_side_stream();
+    if (structure) st.add_side_stream();
   }
   if (structure) *structure = st.value();
   return h.value();
@@ -241,6 +253,7 @@ void Recorder::op_start(const at::RecordFunction& fn) {
   op.seq_nr = fn.seqNr();
   op.thread = fn.threadId();
   op.random = current_random_ = is_random(fn);
+  op.side_stream = on_side_stream(fn.inputs());  // also makes rerun_handle refuse it
   op.rerunnable = rerun_handle(fn).has_value();
   drew_unmarked_ = false;
   watching_rng_ = !op.random;

@@ -6,14 +6,16 @@
 // argument. Not re-runnable: a Python autograd.Function (torch.compile's CompiledFunction, a user's
 // custom Function: a RecordFunction named after the class, no operator), an op whose inputs do
 // not match its schema, or an op whose re-run may not reproduce its first run's bits
-// (op_determinism.h: index_add_ on a GPU without deterministic algorithms). Their saved tensors
-// can only be kept.
+// (op_determinism.h: index_add_ on a GPU without deterministic algorithms), or an op called on a
+// side stream (side_stream_of). Their saved tensors can only be kept.
 #pragma once
 
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -54,13 +56,81 @@ inline DeterminismMode determinism_mode() {
   return {at::globalContext().deterministicAlgorithms(), at::globalContext().deterministicAlgorithmsWarnOnly()};
 }
 
+// The device a call runs on, seen argument by argument (so that a pass the caller makes anyway can
+// find it): the first tensor argument not on the CPU, else a Device argument not on the CPU
+// (`randn(size, device=...)`), else the CPU. Cost: a device read per tensor, a tag check per argument.
+class CallDevice {
+ public:
+  void see(const c10::IValue& arg) {
+    if (!arg_ && arg.isDevice() && !arg.toDevice().is_cpu()) arg_ = arg.toDevice();
+  }
+  void see(const at::Tensor& t) {
+    if (!tensor_ && !t.device().is_cpu()) tensor_ = t.device();
+  }
+  c10::Device device() const { return tensor_ ? *tensor_ : arg_ ? *arg_ : c10::Device(c10::kCPU); }
+
+ private:
+  std::optional<c10::Device> tensor_, arg_;
+};
+
+// The device whose default generator a re-run of a random op draws from, so whose state the
+// recipe keeps: the call's (CallDevice). A dropout's input is made in the step: on a GPU it is a
+// CUDA tensor, and the CUDA generator's Philox seed and offset are what make the re-run draw the
+// same mask. Cost: one pass over the arguments, once per random op's recipe.
+inline c10::Device rng_device(c10::ArrayRef<c10::IValue> inputs) {
+  CallDevice d;
+  for (const c10::IValue& iv : inputs) {
+    d.see(iv);
+    for_each_tensor(iv, [&](const at::Tensor& t) { d.see(t); });
+  }
+  return d.device();
+}
+
+// Whether `d`'s current stream is another than its default one (`with torch.cuda.stream(s)`). An
+// op queued there runs beside the default stream's work, ordered against it only by the script's
+// own waits: a re-run would run on whatever stream is current at the rebuild, and its inputs'
+// memory, freed by an eviction after their last forward use, could be handed to the default
+// stream while its kernels still read it. The CPU has one stream. A backend whose guard names no
+// default stream (Meta; a test's FakeGuardImpl: getDefaultStream throws) counts stream 0 as it,
+// asked once per device type. Cost: two virtual calls (a thread-local read each on CUDA).
+inline bool side_stream_of(c10::Device d) {
+  if (d.is_cpu() || !c10::impl::hasDeviceGuardImpl(d.type())) return false;
+  // Per device type: 0 not asked yet, 1 its guard names a default stream, 2 it does not.
+  static std::atomic<int8_t> named[static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)];
+  std::atomic<int8_t>& known = named[static_cast<size_t>(d.type())];
+  try {
+    const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(d.type());
+    const c10::Stream now = impl->getStream(d);
+    if (known.load(std::memory_order_relaxed) == 2) return now.id() != 0;
+    try {
+      const c10::Stream dflt = impl->getDefaultStream(d);
+      known.store(1, std::memory_order_relaxed);
+      return now != dflt;
+    } catch (const c10::Error&) {
+      known.store(2, std::memory_order_relaxed);
+      return now.id() != 0;
+    }
+  } catch (const c10::Error&) {
+    return false;  // no such device here (a CUDA device argument without a GPU): the op will say so
+  }
+}
+
+// Whether the call runs on a side stream of its device (CallDevice's). Cost: one pass over the
+// arguments, then side_stream_of for a call off the CPU.
+inline bool on_side_stream(c10::ArrayRef<c10::IValue> inputs) {
+  const c10::Device d = rng_device(inputs);
+  return !d.is_cpu() && side_stream_of(d);
+}
+
 // The checks past the lookup: the call carries every argument of `op`'s schema, and its re-run
 // reproduces its bits under the deterministic-algorithms mode as it is set now (a script that
 // turns deterministic algorithms off after the profile gets no recipe for those ops: their
 // values are kept, as for any op without one). Cost: a size compare, and under nondeterministic
-// algorithms a scan of op_determinism's list.
+// algorithms a scan of op_determinism's list, and on_side_stream (a call on a side stream is not
+// re-run: see side_stream_of).
 inline bool rerunnable_call(const c10::OperatorHandle& op, const at::RecordFunction& fn) {
   if (fn.inputs().size() != op.schema().arguments().size()) return false;  // kwarg-only oddities
+  if (on_side_stream(fn.inputs())) return false;
   const DeterminismMode mode = determinism_mode();
   return mode.strict() || !may_differ_on_rerun(fn.name(), op_call(fn.inputs()), mode);  // op_call only if needed
 }
@@ -105,24 +175,5 @@ class RerunHandles {
   std::vector<std::optional<c10::OperatorHandle>> kept_;
   size_t lookups_ = 0;
 };
-
-// The device whose default generator a re-run of a random op draws from, so whose state the
-// recipe keeps: the first tensor argument not on the CPU, else a Device argument not on the CPU
-// (`randn(size, device=...)`), else the CPU. A dropout's input is made in the step: on a GPU it is
-// a CUDA tensor, and the CUDA generator's Philox seed and offset are what make the re-run draw the
-// same mask. Cost: one pass over the arguments, once per random op's recipe.
-inline c10::Device rng_device(c10::ArrayRef<c10::IValue> inputs) {
-  std::optional<c10::Device> dev;
-  for (const c10::IValue& iv : inputs) {
-    for_each_tensor(iv, [&](const at::Tensor& t) {
-      if (!dev && !t.device().is_cpu()) dev = t.device();
-    });
-    if (dev) return *dev;
-  }
-  for (const c10::IValue& iv : inputs) {
-    if (iv.isDevice() && !iv.toDevice().is_cpu()) return iv.toDevice();
-  }
-  return c10::Device(c10::kCPU);
-}
 
 }  // namespace memplan

@@ -5,14 +5,16 @@
 # times (top 10) and the agent's step peak vs torch.cuda.max_memory_allocated; then the replay
 # benchmark of the GPT-2 demo on the device (issue 4's targets: overhead at 50% and 33%, peaks,
 # bit-identical results), bench/replay_bench.py, budgets 100/50/33%; then the same at GPT-2-small
-# width (device-bound, where the launch-bound demo is not), budgets 50/33%.
+# width (device-bound, where the launch-bound demo is not), budgets 50/33%; then the demo with its
+# MLPs on a side stream, at 50%.
 #
 # Prepare once here: tools/gpu_prepare.sh (fills the ignored .gpu-deps/: fmt, nlohmann-json,
 # CBC, pkgconf unpacked from Debian packages). Then, as one device call:
 #   run(command="bash tools/gpu_check.sh", carry=[".gpu-deps"], timeout_s=590)
 # Budget: configure ~20 s, build ~1-3 min on 16 cores, run ~30 s, replay ~1-2 min, large replay
 # ~1-2 min (skipped after 420 s); each phase has a timeout, and what is done lands in $OUT as it
-# goes (build.log, run.log, profile.json, table.txt, trace.json, replay.txt, replay_large.txt).
+# goes (build.log, run.log, profile.json, table.txt, trace.json, replay.txt, replay_large.txt,
+# replay_side.txt).
 #
 # Read first when it runs (the CUDA paths have never run on a GPU; README "GPU"): the table's
 # agent step peak against torch.cuda.max_memory_allocated (the tracker attaches at the first GPU
@@ -143,4 +145,18 @@ if ((SECONDS - t0 < 420)); then
     echo "gpu_check: the large replay benchmark failed (see $out/replay_large.txt)"
 else
   echo "gpu_check: $((SECONDS - t0)) s spent, the large replay is skipped"
+fi
+
+step side-stream
+# The demo with each block's MLP on a side stream (train.py --side-stream): memplan re-runs no op
+# there and evicts nothing such an op reads (rerun_handle.h side_stream_of); read the
+# "identical" column. Skipped when the call's time is nearly spent, and on the CPU (no streams).
+if [[ $device == cuda ]] && ((SECONDS - t0 < 500)); then
+  echo
+  echo "================ memplan replay ($device): GPT-2 demo, batch 32, MLPs on a side stream ================"
+  MEMPLAN_BUILD="$build" timeout 80 "$py" "$root/bench/replay_bench.py" --models gpt2 --steps 8 \
+    --budgets 50% --train-args "--device $device --batch 32 --side-stream" 2>&1 | tee "$out/replay_side.txt" ||
+    echo "gpu_check: the side-stream replay failed (see $out/replay_side.txt)"
+else
+  echo "gpu_check: the side-stream replay is skipped ($device, $((SECONDS - t0)) s spent)"
 fi

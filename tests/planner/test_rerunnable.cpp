@@ -10,6 +10,7 @@
 #include "planner/rerun_ops.h"
 #include "planner/simulate.h"
 #include "planner/synth.h"
+#include "profiler/profile_io.h"
 
 using namespace memplan;
 using namespace memplan::planner;
@@ -53,6 +54,28 @@ struct OpaqueMlp {
     return gr;
   }
 };
+
+// Every candidate plan of `pl` (prepared) simulates and re-runs no `op`; every plan for a budget of
+// 0%, 5%, ..., 100% evicts none of `kept`, and is handed to `each`.
+template <typename Each>
+void expect_plans_leave_alone(const Planner& pl, int64_t op, const std::vector<int64_t>& kept, Each each) {
+  for (const Candidate& c : pl.candidates()) {
+    const SimResult s = simulate(pl.graph(), c.plan);
+    ASSERT_TRUE(s.ok) << "slot " << c.slot << ": " << s.error;
+    for (const Recompute& r : c.plan.recomputes)
+      EXPECT_EQ(std::count(r.ops.begin(), r.ops.end(), op), 0) << "slot " << c.slot;
+  }
+  for (int pct = 0; pct <= 100; pct += 5) {
+    Budget b;
+    b.kind = Budget::Kind::Percent;
+    b.percent = pct;
+    const PlanResult r = pl.plan_for(b);
+    ASSERT_TRUE(r.ok) << r.error;
+    for (const Eviction& e : r.plan.evictions)
+      EXPECT_EQ(std::count(kept.begin(), kept.end(), e.value), 0) << pct << "%: value " << e.value;
+    each(r);
+  }
+}
 
 }  // namespace
 
@@ -108,28 +131,13 @@ TEST(Rerunnable, PlansAtEveryBudgetLeaveTheOpaqueOpAloneAndStillSave) {
   Planner pl;
   std::string err;
   ASSERT_TRUE(pl.prepare(t.p, PlannerOptions{}, &err)) << err;
-  for (const Candidate& c : pl.candidates()) {
-    const SimResult s = simulate(pl.graph(), c.plan);
-    ASSERT_TRUE(s.ok) << "slot " << c.slot << ": " << s.error;
-    for (const Recompute& r : c.plan.recomputes)
-      EXPECT_EQ(std::count(r.ops.begin(), r.ops.end(), OpaqueMlp::kFunction), 0) << "slot " << c.slot;
-  }
   bool z_evicted = false;
-  for (int pct = 0; pct <= 100; pct += 5) {
-    Budget b;
-    b.kind = Budget::Kind::Percent;
-    b.percent = pct;
-    const PlanResult r = pl.plan_for(b);
-    ASSERT_TRUE(r.ok) << r.error;
+  expect_plans_leave_alone(pl, OpaqueMlp::kFunction, {t.y, t.k}, [&](const PlanResult& r) {
     EXPECT_NE(std::find_if(r.messages.begin(), r.messages.end(),
                            [](const std::string& m) { return m.find("TanhGelu") != std::string::npos; }),
               r.messages.end());
-    for (const Eviction& e : r.plan.evictions) {
-      EXPECT_NE(e.value, t.y);
-      EXPECT_NE(e.value, t.k);
-      z_evicted = z_evicted || e.value == t.z;
-    }
-  }
+    for (const Eviction& e : r.plan.evictions) z_evicted = z_evicted || e.value == t.z;
+  });
   EXPECT_TRUE(z_evicted);  // rebuilt from y in place, below some budget
   EXPECT_LT(pl.min_feasible(), pl.unplanned_peak());
 }
@@ -193,4 +201,41 @@ TEST(Rerunnable, AValueWrittenInPlaceByAnOpaqueOpIsUnseen) {
   Graph opaque;
   ASSERT_TRUE(build_graph(p, &opaque, &err)) << err;
   EXPECT_TRUE(opaque.unseen[x]);
+}
+
+// An op run on a side stream (`with torch.cuda.stream(s)`; Op::side_stream, and so not re-runnable:
+// rerun_handle.h side_stream_of). A re-run would go to whatever stream is current at the rebuild,
+// and an eviction after the last forward use could hand what it reads to the default stream while
+// its kernels still read it there: what it makes and what it reads stay. The note says why, and
+// does not take its name for a custom Function's.
+TEST(Rerunnable, WhatAnOpOnASideStreamReadsOrMakesStays) {
+  OpaqueMlp t(false);
+  constexpr int64_t kGelu = 3;  // reads z (saved by it), makes g
+  t.p.forward[kGelu].side_stream = true;
+  t.p.forward[kGelu].rerunnable = false;
+  const Graph g = t.graph();
+  EXPECT_FALSE(g.evictable[t.z]);  // read on the side stream
+  EXPECT_FALSE(g.evictable[t.g]);  // made there
+  EXPECT_TRUE(g.evictable[t.h0]);
+  EXPECT_TRUE(g.evictable[t.y]);
+  EXPECT_EQ(g.side_stream_bytes, g.bytes(t.z));
+  EXPECT_EQ(g.unrebuildable_bytes, g.bytes(t.g));
+  const std::string note = unrebuildable_note(g);
+  EXPECT_NE(note.find("side stream"), std::string::npos) << note;
+  EXPECT_EQ(note.find("autograd.Function"), std::string::npos) << note;
+  EXPECT_EQ(note.find("aten::gelu"), std::string::npos) << note;
+
+  Planner pl;
+  std::string err;
+  ASSERT_TRUE(pl.prepare(t.p, PlannerOptions{}, &err)) << err;
+  bool saved = false;
+  expect_plans_leave_alone(pl, kGelu, {t.z, t.g},
+                           [&](const PlanResult& r) { saved = saved || !r.plan.evictions.empty(); });
+  EXPECT_TRUE(saved);  // the rest is still planned
+
+  // Read back from a profile file, the op is still on its side stream.
+  Profile back;
+  ASSERT_TRUE(profile_from_json(profile_to_json(t.p), &back, &err)) << err;
+  EXPECT_TRUE(back.forward[kGelu].side_stream);
+  EXPECT_FALSE(back.forward[0].side_stream);
 }

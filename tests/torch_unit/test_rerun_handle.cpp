@@ -3,8 +3,11 @@
 // No GPU here: a meta tensor stands for "a tensor not on the CPU", and a CUDA Device value
 // needs no device to exist.
 #include <ATen/ATen.h>
+#include <c10/core/impl/FakeGuardImpl.h>
 #include <gtest/gtest.h>
 
+#include "profiler/op_hash.h"
+#include "profiler/recorder.h"
 #include "profiler/rerun_handle.h"
 
 using memplan::rng_device;
@@ -172,4 +175,108 @@ TEST(RerunHandles, AKeptHandleServesOnlyItsOwnOperatorAndStillChecksTheMode) {
   // Kept handles are used: add again, add with alpha and the last index_copy_ look nothing up;
   // index_copy_ without deterministic algorithms is looked up and, refused, not kept.
   EXPECT_EQ(calls.lookups, (std::vector<size_t>{1, 1, 1, 2, 3, 4, 5, 5}));
+}
+
+// side_stream_of: an op queued on a stream other than its device's default is not re-run, and what
+// it reads is not evicted. No GPU here: PrivateUse1 with c10's FakeGuardImpl (streams that are
+// numbers) stands for a device with streams; its guard names no default stream, so stream 0 is it.
+namespace {
+const c10::impl::DeviceGuardImplRegistrar fake_streams(c10::DeviceType::PrivateUse1,
+                                                       new c10::impl::FakeGuardImpl<c10::DeviceType::PrivateUse1>());
+}  // namespace
+
+TEST(SideStream, OnlyAStreamOtherThanTheDefaultOne) {
+  const c10::Device dev(c10::DeviceType::PrivateUse1, 0);
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(dev.type());
+  EXPECT_FALSE(memplan::side_stream_of(dev));
+  const c10::Stream was = impl->exchangeStream(c10::Stream(c10::Stream::UNSAFE, dev, 3));  // torch.cuda.stream(s)
+  EXPECT_TRUE(memplan::side_stream_of(dev));
+  EXPECT_TRUE(memplan::side_stream_of(dev));  // asked again: the guard's answer is kept, not the stream
+  // A call is on its device's stream: a Device argument decides when no tensor does (randn(device=)).
+  EXPECT_TRUE(memplan::on_side_stream(args({c10::IValue(std::vector<int64_t>{2}), c10::IValue(), c10::IValue(), dev})));
+  EXPECT_FALSE(memplan::on_side_stream(args({at::ones({2}), 0.5})));  // on the CPU
+  impl->exchangeStream(was);
+  EXPECT_FALSE(memplan::side_stream_of(dev));
+  EXPECT_FALSE(memplan::on_side_stream(args({c10::IValue(std::vector<int64_t>{2}), c10::IValue(), c10::IValue(), dev})));
+}
+
+TEST(SideStream, TheCpuMetaAndAnAbsentGpuHaveNone) {
+  EXPECT_FALSE(memplan::side_stream_of(c10::Device(c10::kCPU)));
+  EXPECT_FALSE(memplan::side_stream_of(c10::Device(c10::kMeta)));  // its guard names no default stream
+  EXPECT_FALSE(memplan::side_stream_of(c10::Device(c10::kMeta)));
+  // No GPU here: CUDA's guard (in a CUDA build) cannot tell its stream; no side stream, no throw.
+  EXPECT_FALSE(memplan::side_stream_of(c10::Device("cuda:0")));
+  const at::Tensor meta = at::empty({2}, at::TensorOptions().device(c10::kMeta));
+  EXPECT_FALSE(memplan::on_side_stream(args({meta})));
+}
+
+// rerun_handle refuses a call on a side stream; the same call on the default stream is re-run.
+// A CPU tensor sent to the stand-in device: `to`'s Device argument is the call's device, and the
+// copy itself fails (no allocator for it), after the callback has seen the call.
+TEST(SideStream, ACallOnASideStreamGetsNoHandle) {
+  const c10::Device dev(c10::DeviceType::PrivateUse1, 0);
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(dev.type());
+  const auto send = [dev] {
+    try {
+      (void)at::ones({2}).to(dev);
+    } catch (const c10::Error&) {
+    }
+  };
+  EXPECT_EQ(handles_of("aten::to", false, false, send), std::vector<bool>{true});
+  const c10::Stream was = impl->exchangeStream(c10::Stream(c10::Stream::UNSAFE, dev, 1));
+  EXPECT_EQ(handles_of("aten::to", false, false, send), std::vector<bool>{false});
+  impl->exchangeStream(was);
+}
+
+// The replay's running op hash (Recorder::identity_hash) tells a call on a side stream from the
+// same call on the default stream, and agrees with the hash of the op the recorder keeps
+// (identity_of, Op::side_stream): a step whose op moved to or from a side stream leaves its
+// plan's profile (the replay stops evicting), and one that did not stays in it.
+namespace {
+struct Hashed {
+  uint64_t identity = 0, structure = 0;
+  std::string overload;
+};
+thread_local Hashed* tl_hashed = nullptr;
+std::unique_ptr<at::ObserverContext> hash_to(const at::RecordFunction& fn) {
+  if (tl_hashed && std::string(fn.name()) == "aten::to") {
+    tl_hashed->identity = memplan::Recorder::identity_hash(fn, &tl_hashed->structure);
+    tl_hashed->overload = fn.overload_name();
+  }
+  return nullptr;
+}
+Hashed hash_of_send(c10::Device dev) {
+  Hashed h;
+  tl_hashed = &h;
+  const auto cb = at::addThreadLocalCallback(at::RecordFunctionCallback(&hash_to).needsInputs(true));
+  try {
+    (void)at::ones({2}).to(dev);
+  } catch (const c10::Error&) {
+  }
+  at::removeCallback(cb);
+  tl_hashed = nullptr;
+  return h;
+}
+}  // namespace
+
+TEST(SideStream, TheRunningOpHashTellsTheStreamAsTheRecordedOpDoes) {
+  const c10::Device dev(c10::DeviceType::PrivateUse1, 0);
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(dev.type());
+  const Hashed plain = hash_of_send(dev);
+  const c10::Stream was = impl->exchangeStream(c10::Stream(c10::Stream::UNSAFE, dev, 2));
+  const Hashed side = hash_of_send(dev);
+  impl->exchangeStream(was);
+  ASSERT_NE(plain.identity, 0u);
+  EXPECT_NE(plain.identity, side.identity);
+  EXPECT_NE(plain.structure, side.structure);  // not the same op at other sizes either
+  memplan::Op op;
+  op.name = "aten::to";
+  op.overload = plain.overload;
+  op.inputs.push_back({0, {2}, "Float"});
+  EXPECT_EQ(memplan::identity_of(op), plain.identity);
+  op.side_stream = true;
+  EXPECT_EQ(memplan::identity_of(op), side.identity);
+  EXPECT_EQ(memplan::structure_of(op), side.structure);
+  op.side_stream = false;
+  EXPECT_EQ(memplan::structure_of(op), plain.structure);
 }
