@@ -310,12 +310,11 @@ std::string unrebuildable_note(const Graph& g) {
   bool any_side = false;  // a side stream's ops are named apart: their names say nothing of why
   for (int64_t i = 0; i < g.n_fwd; ++i) any_side = any_side || g.prof->forward[i].side_stream;
   const std::string side =
-      any_side ? fmt::format("{}forward ops run on a side stream (torch.cuda.stream) are not re-run, and what they "
+      any_side ? fmt::format("forward ops run on a side stream (torch.cuda.stream) are not re-run, and what they "
                              "read is not freed early ({} of saved activations kept for that alone)",
-                             g.unrebuildable_bytes > 0 ? "; " : "", format_bytes(g.side_stream_bytes))
+                             format_bytes(g.side_stream_bytes))
                : "";
-  if (g.unrebuildable_bytes == 0 && g.side_stream_bytes == 0) return "";
-  if (g.unrebuildable_bytes == 0) return side;
+  if (g.unrebuildable_bytes == 0) return g.side_stream_bytes > 0 ? side : "";
   std::vector<std::string> names;
   for (int64_t i = 0; i < g.n_fwd; ++i) {
     const std::string& n = g.prof->forward[i].name;
@@ -323,10 +322,9 @@ std::string unrebuildable_note(const Graph& g) {
       names.push_back(n);
   }
   if (names.empty())  // only a side stream's ops stand in the way
-    return fmt::format("{} of saved activations cannot be evicted: rebuilding them would need forward ops run on "
-                       "a side stream (torch.cuda.stream), which memplan does not re-run; what those ops read is "
-                       "not freed early either ({} of saved activations kept for that alone)",
-                       format_bytes(g.unrebuildable_bytes), format_bytes(g.side_stream_bytes));
+    return fmt::format("{} of saved activations cannot be evicted: rebuilding them would need forward ops memplan "
+                       "does not re-run; {}",
+                       format_bytes(g.unrebuildable_bytes), side);
   std::string list;
   for (size_t k = 0; k < names.size() && k < 3; ++k) list += (k ? ", " : "") + names[k];
   if (names.size() > 3) list += fmt::format(" and {} more", names.size() - 3);
@@ -357,7 +355,7 @@ std::string unrebuildable_note(const Graph& g) {
       only_nondet              ? ""
       : nondet != names.end()  ? ": a torch.compile'd graph, a custom autograd.Function or a nondeterministic kernel"
                                : ": a torch.compile'd graph or a custom autograd.Function",
-      hints) + side;
+      hints) + (side.empty() ? "" : "; " + side);
 }
 
 std::vector<int64_t> Graph::compaction_candidates() const {

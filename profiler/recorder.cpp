@@ -206,8 +206,7 @@ uint64_t Recorder::identity_hash(const at::RecordFunction& fn, uint64_t* structu
       device.see(t);
     });
   }
-  const c10::Device d = device.device();
-  if (!d.is_cpu() && side_stream_of(d)) {  // on_side_stream, from this pass
+  if (device.side_stream()) {  // on_side_stream, from this pass
     h.add_side_stream();
     if (structure) st.add_side_stream();
   }

@@ -56,36 +56,6 @@ inline DeterminismMode determinism_mode() {
   return {at::globalContext().deterministicAlgorithms(), at::globalContext().deterministicAlgorithmsWarnOnly()};
 }
 
-// The device a call runs on, seen argument by argument (so that a pass the caller makes anyway can
-// find it): the first tensor argument not on the CPU, else a Device argument not on the CPU
-// (`randn(size, device=...)`), else the CPU. Cost: a device read per tensor, a tag check per argument.
-class CallDevice {
- public:
-  void see(const c10::IValue& arg) {
-    if (!arg_ && arg.isDevice() && !arg.toDevice().is_cpu()) arg_ = arg.toDevice();
-  }
-  void see(const at::Tensor& t) {
-    if (!tensor_ && !t.device().is_cpu()) tensor_ = t.device();
-  }
-  c10::Device device() const { return tensor_ ? *tensor_ : arg_ ? *arg_ : c10::Device(c10::kCPU); }
-
- private:
-  std::optional<c10::Device> tensor_, arg_;
-};
-
-// The device whose default generator a re-run of a random op draws from, so whose state the
-// recipe keeps: the call's (CallDevice). A dropout's input is made in the step: on a GPU it is a
-// CUDA tensor, and the CUDA generator's Philox seed and offset are what make the re-run draw the
-// same mask. Cost: one pass over the arguments, once per random op's recipe.
-inline c10::Device rng_device(c10::ArrayRef<c10::IValue> inputs) {
-  CallDevice d;
-  for (const c10::IValue& iv : inputs) {
-    d.see(iv);
-    for_each_tensor(iv, [&](const at::Tensor& t) { d.see(t); });
-  }
-  return d.device();
-}
-
 // Whether `d`'s current stream is another than its default one (`with torch.cuda.stream(s)`). An
 // op queued there runs beside the default stream's work, ordered against it only by the script's
 // own waits: a re-run would run on whatever stream is current at the rebuild, and its inputs'
@@ -115,12 +85,46 @@ inline bool side_stream_of(c10::Device d) {
   }
 }
 
+// The device a call runs on, seen argument by argument (so that a pass the caller makes anyway can
+// find it): the first tensor argument not on the CPU, else a Device argument not on the CPU
+// (`randn(size, device=...)`), else the CPU. Cost: a device read per tensor, a tag check per argument.
+class CallDevice {
+ public:
+  // A call's, in a pass of its own.
+  static CallDevice of(c10::ArrayRef<c10::IValue> inputs) {
+    CallDevice d;
+    for (const c10::IValue& iv : inputs) {
+      d.see(iv);
+      for_each_tensor(iv, [&](const at::Tensor& t) { d.see(t); });
+    }
+    return d;
+  }
+  void see(const c10::IValue& arg) {
+    if (!arg_ && arg.isDevice() && !arg.toDevice().is_cpu()) arg_ = arg.toDevice();
+  }
+  void see(const at::Tensor& t) {
+    if (!tensor_ && !t.device().is_cpu()) tensor_ = t.device();
+  }
+  c10::Device device() const { return tensor_ ? *tensor_ : arg_ ? *arg_ : c10::Device(c10::kCPU); }
+  // Whether the call runs on a side stream of that device (side_stream_of; never on the CPU).
+  bool side_stream() const {
+    const c10::Device d = device();
+    return !d.is_cpu() && side_stream_of(d);
+  }
+
+ private:
+  std::optional<c10::Device> tensor_, arg_;
+};
+
+// The device whose default generator a re-run of a random op draws from, so whose state the
+// recipe keeps: the call's (CallDevice). A dropout's input is made in the step: on a GPU it is a
+// CUDA tensor, and the CUDA generator's Philox seed and offset are what make the re-run draw the
+// same mask. Cost: one pass over the arguments, once per random op's recipe.
+inline c10::Device rng_device(c10::ArrayRef<c10::IValue> inputs) { return CallDevice::of(inputs).device(); }
+
 // Whether the call runs on a side stream of its device (CallDevice's). Cost: one pass over the
 // arguments, then side_stream_of for a call off the CPU.
-inline bool on_side_stream(c10::ArrayRef<c10::IValue> inputs) {
-  const c10::Device d = rng_device(inputs);
-  return !d.is_cpu() && side_stream_of(d);
-}
+inline bool on_side_stream(c10::ArrayRef<c10::IValue> inputs) { return CallDevice::of(inputs).side_stream(); }
 
 // The checks past the lookup: the call carries every argument of `op`'s schema, and its re-run
 // reproduces its bits under the deterministic-algorithms mode as it is set now (a script that

@@ -183,6 +183,15 @@ TEST(RerunHandles, AKeptHandleServesOnlyItsOwnOperatorAndStillChecksTheMode) {
 namespace {
 const c10::impl::DeviceGuardImplRegistrar fake_streams(c10::DeviceType::PrivateUse1,
                                                        new c10::impl::FakeGuardImpl<c10::DeviceType::PrivateUse1>());
+
+// A CPU tensor sent to the stand-in device: `to`'s Device argument is the call's device, and the
+// copy itself fails (no allocator for it), after the callbacks have seen the call.
+void send_to(c10::Device dev) {
+  try {
+    (void)at::ones({2}).to(dev);
+  } catch (const c10::Error&) {
+  }
+}
 }  // namespace
 
 TEST(SideStream, OnlyAStreamOtherThanTheDefaultOne) {
@@ -211,17 +220,10 @@ TEST(SideStream, TheCpuMetaAndAnAbsentGpuHaveNone) {
 }
 
 // rerun_handle refuses a call on a side stream; the same call on the default stream is re-run.
-// A CPU tensor sent to the stand-in device: `to`'s Device argument is the call's device, and the
-// copy itself fails (no allocator for it), after the callback has seen the call.
 TEST(SideStream, ACallOnASideStreamGetsNoHandle) {
   const c10::Device dev(c10::DeviceType::PrivateUse1, 0);
   const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(dev.type());
-  const auto send = [dev] {
-    try {
-      (void)at::ones({2}).to(dev);
-    } catch (const c10::Error&) {
-    }
-  };
+  const auto send = [dev] { send_to(dev); };
   EXPECT_EQ(handles_of("aten::to", false, false, send), std::vector<bool>{true});
   const c10::Stream was = impl->exchangeStream(c10::Stream(c10::Stream::UNSAFE, dev, 1));
   EXPECT_EQ(handles_of("aten::to", false, false, send), std::vector<bool>{false});
@@ -249,10 +251,7 @@ Hashed hash_of_send(c10::Device dev) {
   Hashed h;
   tl_hashed = &h;
   const auto cb = at::addThreadLocalCallback(at::RecordFunctionCallback(&hash_to).needsInputs(true));
-  try {
-    (void)at::ones({2}).to(dev);
-  } catch (const c10::Error&) {
-  }
+  send_to(dev);
   at::removeCallback(cb);
   tl_hashed = nullptr;
   return h;
