@@ -290,7 +290,53 @@ TORCHVISION = {
     "tv-densenet": lambda M: M.DenseNet(growth_rate=8, block_config=(2, 2, 2), num_init_features=16,
                                         memory_efficient=True, num_classes=10),
 }
-ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm", *TORCHVISION]
+# Hugging Face transformers' own models, unmodified, built from small configs (no download):
+# GPT-2, Llama (rotary positions, RMSNorm, SiLU gates, grouped-query attention), BERT as a masked
+# LM, and Mixtral (mixture of experts: each expert's share of the tokens follows from the data).
+# Dropout on wherever the config has it. Attention as HF's "eager" code, or with --sdpa its
+# scaled_dot_product_attention. Imported only when asked for: transformers is optional.
+HF_VOCAB = 1000
+
+
+def _hf_config(name, d, layers):
+    import transformers as T
+
+    if name == "hf-gpt2":
+        return T.GPT2LMHeadModel, T.GPT2Config(n_layer=layers, n_embd=d, n_head=4, n_positions=256,
+                                               vocab_size=HF_VOCAB, use_cache=False)
+    if name == "hf-llama":
+        return T.LlamaForCausalLM, T.LlamaConfig(hidden_size=d, intermediate_size=d * 8 // 3, num_hidden_layers=layers,
+                                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=HF_VOCAB,
+                                                 max_position_embeddings=256, attention_dropout=0.1, use_cache=False)
+    if name == "hf-bert":
+        return T.BertForMaskedLM, T.BertConfig(hidden_size=d, intermediate_size=4 * d, num_hidden_layers=layers,
+                                               num_attention_heads=4, vocab_size=HF_VOCAB, max_position_embeddings=256)
+    if name == "hf-mixtral":
+        return T.MixtralForCausalLM, T.MixtralConfig(hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers,
+                                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                                     num_experts_per_tok=2, vocab_size=HF_VOCAB,
+                                                     max_position_embeddings=256, use_cache=False)
+    raise ValueError(name)
+
+
+HUGGINGFACE = ["hf-gpt2", "hf-llama", "hf-bert", "hf-mixtral"]
+
+
+class HFLogits(nn.Module):
+    """What a training loop does with a Hugging Face model: call it on the token ids, take the
+    logits (the loss is the script's, as for every model here). The model itself is untouched."""
+
+    def __init__(self, name, d, layers, sdpa):
+        super().__init__()
+        cls, cfg = _hf_config(name, d, layers)
+        cfg._attn_implementation = "sdpa" if sdpa else "eager"
+        self.hf = cls(cfg)
+
+    def forward(self, ids):
+        return self.hf(input_ids=ids).logits
+
+
+ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm", *TORCHVISION, *HUGGINGFACE]
 
 
 def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
@@ -323,6 +369,8 @@ def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_dep
     if name in TORCHVISION:
         import torchvision.models
         return TORCHVISION[name](torchvision.models)
+    if name in HUGGINGFACE:
+        return HFLogits(name, width or (64 if small else 128), layers or (2 if small else 4), sdpa)
     raise ValueError(f"unknown model {name!r}; one of {ZOO}")
 
 
@@ -333,6 +381,9 @@ def make_batch(name, step, batch=8, seq=64, gen=None, seq_len=None):
     t = seq_len or seq
     if name == "mlp":
         return torch.randn(batch * 64, 256, generator=g), torch.randint(0, 10, (batch * 64,), generator=g)
+    if name in HUGGINGFACE:
+        return (torch.randint(0, HF_VOCAB, (batch, t), generator=g),
+                torch.randint(0, HF_VOCAB, (batch, t), generator=g))
     if name in ("gpt2",):
         # Factory calls only (no slicing): the batch is made before the step's first op.
         return torch.randint(0, 512, (batch, t), generator=g), torch.randint(0, 512, (batch, t), generator=g)
@@ -351,7 +402,7 @@ def make_batch(name, step, batch=8, seq=64, gen=None, seq_len=None):
 def loss_fn(name, out, y):
     if name in ("mlp", "cnn") or name in TORCHVISION:
         return F.cross_entropy(out, y)
-    if name == "gpt2" or name == "lstm":
+    if name in ("gpt2", "lstm") or name in HUGGINGFACE:
         return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
     if name == "views":
         return F.mse_loss(out, y)

@@ -25,13 +25,14 @@ def parse():
     p.add_argument("--small", action="store_true")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--width", type=int, default=0,
-                   help="GPT-2: model width (default 128; heads: width/64, at least 4); with --layers and "
+                   help="GPT-2 (and hf-*): model width (default 128; heads: width/64, at least 4); with --layers and "
                         "--seq, a size where a GPU's kernels, not its launches, take the step's time")
-    p.add_argument("--layers", type=int, default=0, help="GPT-2: number of blocks (default 4)")
+    p.add_argument("--layers", type=int, default=0, help="GPT-2 and hf-*: number of blocks (default 4)")
     p.add_argument("--seq", type=int, default=64, help="GPT-2: sequence length (and position table size)")
     p.add_argument("--accum", type=int, default=1, help="forward/backward passes per optimizer step")
     p.add_argument("--eval-every", type=int, default=0, help="a torch.no_grad() eval pass every N steps")
-    p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around each GPT-2 block")
+    p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around each GPT-2 block (hf-*: the model's own "
+                        "gradient_checkpointing_enable())")
     p.add_argument("--torch-profiler", action="store_true", help="run step 1 under torch.profiler.profile()")
     p.add_argument("--torch-profiler-step", type=int, default=-1,
                    help="run this step under torch.profiler.profile() and print the op names it saw (stderr)")
@@ -68,7 +69,8 @@ def parse():
     p.add_argument("--side-stream", action="store_true",
                    help="GPT-2 on CUDA: each block's MLP runs on a side stream of its own (waits both ways)")
     p.add_argument("--sdpa", action="store_true",
-                   help="GPT-2: F.scaled_dot_product_attention with its dropout (random, no Generator argument)")
+                   help="GPT-2: F.scaled_dot_product_attention with its dropout (random, no Generator argument); "
+                        "hf-*: the model's sdpa attention (else its eager one)")
     p.add_argument("--noisy-op", action="store_true",
                    help="GPT-2: a torch.library op that adds torch.rand_like noise (random, undeclared)")
     p.add_argument("--hardswish", action="store_true", help="CNN: in-place Hardswish activations (MobileNetV3's)")
@@ -326,7 +328,9 @@ def gan_step(model, gen, opt, opt_g, x, draw):
 def start_side_thread():
     """A thread that keeps running tensor ops with grad mode on, and now and then a backward of
     its own, while the main thread trains (as a prefetch or metrics thread would). It shares
-    nothing with the model. Returns the Event that stops it."""
+    nothing with the model. Returns the function that stops it and waits for it (a daemon thread
+    left inside a backward at interpreter exit aborts the process: "terminate called without an
+    active exception", seen without --dump, whose save otherwise gave it the time to finish)."""
     import threading
 
     stop = threading.Event()
@@ -339,8 +343,14 @@ def start_side_thread():
                 t = (t * 0.5 + 0.5).tanh()
             (w * t[0]).sum().backward()
 
-    threading.Thread(target=work, daemon=True).start()
-    return stop
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+
+    def stop_and_join():
+        stop.set()
+        thread.join()
+
+    return stop_and_join
 
 
 class Loader(torch.utils.data.Dataset):
@@ -415,7 +425,9 @@ def main():
         model = torch.compile(model)
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
-    if args.checkpoint:
+    if args.checkpoint and isinstance(inner, models.HFLogits):
+        inner.hf.gradient_checkpointing_enable()  # as a user of transformers would
+    elif args.checkpoint:
         from torch.utils.checkpoint import checkpoint
 
         for blk in inner.blocks:
@@ -627,7 +639,7 @@ def main():
                 # Buffers too: BatchNorm's running statistics are part of the result.
                 record["buffers"].append({n: b.detach().clone() for n, b in model.named_buffers()})
     if side is not None:
-        side.set()
+        side()
     if args.dump:
         # One file per rank: their gradients differ under FSDP, and two writers of one file race.
         torch.save(record, f"{args.dump}.rank{torch.distributed.get_rank()}" if args.distributed else args.dump)

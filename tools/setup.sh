@@ -12,9 +12,10 @@ mode=${1:-build}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { echo "[setup] $*" >&2; }
 case ${MEMPLAN_TORCH:-cuda} in
-  cuda) torch_req=(torch==2.14.1 torchvision==0.29.1); torch_version=2.14.1; imports="torch, torchvision, pytest"
+  cuda) torch_req=(torch==2.14.1 torchvision==0.29.1); torch_version=2.14.1; imports="torch, torchvision, transformers, pytest"
         default_venv=$HOME/.memplan-venv ;;
-  cpu) torch_req=(torch==2.13.0); torch_version=2.13.0; imports="torch, pytest"; default_venv=$HOME/.memplan-venv-cpu ;;
+  cpu) torch_req=(torch==2.13.0); torch_version=2.13.0; imports="torch, transformers, pytest"
+       default_venv=$HOME/.memplan-venv-cpu ;;
   *) say "MEMPLAN_TORCH must be cuda (torch 2.14.1, the default) or cpu (torch 2.13.0)"; exit 2 ;;
 esac
 venv=${MEMPLAN_VENV:-$default_venv}
@@ -42,8 +43,11 @@ install_venv() {
   fi
   say "creating virtualenv $venv with ${torch_req[*]} (local wheels; several minutes the first time)"
   [[ -x $py ]] || python3 -m venv "$venv"
-  "$py" -m pip install -q --disable-pip-version-check "${torch_req[@]}" pytest numpy 2>&1 | grep -v "is ignored: it is neither" >&2 || true
-  "$py" -c "import $imports" || { say "torch install failed"; exit 1; }
+  # transformers: Hugging Face's own models in the zoo (examples/models.py HUGGINGFACE); pure
+  # Python, it asks for no torch of its own.
+  "$py" -m pip install -q --disable-pip-version-check "${torch_req[@]}" transformers==5.25.0 pytest numpy 2>&1 |
+    grep -v "is ignored: it is neither" >&2 || true
+  "$py" -c "import $imports" || { say "install failed ($imports)"; exit 1; }
 }
 
 configure_build() {

@@ -41,8 +41,16 @@ GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-d
         "--seq-random 64,48,32", "--workers 2", "--backward-raises-at 4", "--optimizer-raises-at 5",
         "--side-thread", "--log-grads-until 4", "--zero-grad-late", "--side-copies-until 4",
         "--weight-norm", "--spectral-norm"] + GRADS
+# Hugging Face models (examples/models.py HUGGINGFACE): the flags that do not reach into the
+# zoo's own GPT-2 (its blocks, position table, buffers).
+HF = ["--sdpa", "--checkpoint", "--autocast", "--accum 2", "--eval-every 3", "--seq-change-at 5", "--masked-loss",
+      "--user-hooks", "--func", "--optimizer-in-backward", "--log-params-before-step", "--seq-cycle 64,48",
+      "--seq-random 64,48,32", "--small", "--torch-profiler", "--backward-in-user-hooks", "--log-grads",
+      "--workers 2", "--backward-raises-at 4", "--optimizer-raises-at 5", "--side-thread", "--log-grads-until 4",
+      "--zero-grad-late", "--side-copies-until 4", "--weight-norm", "--spectral-norm"] + GRADS
 FLAGS = {
     "gpt2": GPT2,
+    "hf": HF,
     "cnn": ["--hardswish", "--accum 2", "--eval-every 2", "--small", "--optimizer-in-backward",
             "--log-grads", "--backward-raises-at 4", "--log-grads-until 4", "--zero-grad-late",
             "--channels-last", "--cnn-dropout", "--weight-norm", "--spectral-norm"] + GRADS + ATTACK,
@@ -56,17 +64,19 @@ FLAGS = {
            "--log-grads-until 4", "--zero-grad-late", "--channels-last", "--weight-norm"] + GRADS + ATTACK,
 }
 # gpt2 is the product's case: drawn as often as the rest together. tv: one of torchvision's own
-# models (examples/models.py TORCHVISION), when torchvision is installed.
-WEIGHTS = {"gpt2": 8, "cnn": 2, "mlp": 1, "views": 1, "tied": 1, "lstm": 1, "tv": 2}
-TV_MODELS = list(models.TORCHVISION) if importlib.util.find_spec("torchvision") else []
+# models (examples/models.py TORCHVISION), when torchvision is installed; hf: one of Hugging Face
+# transformers' (HUGGINGFACE), when transformers is.
+WEIGHTS = {"gpt2": 8, "cnn": 2, "mlp": 1, "views": 1, "tied": 1, "lstm": 1, "tv": 2, "hf": 2}
+GROUPS = {"tv": list(models.TORCHVISION) if importlib.util.find_spec("torchvision") else [],
+          "hf": models.HUGGINGFACE if importlib.util.find_spec("transformers") else []}
 
 
 def draw(rng):
-    weights = {m: w for m, w in WEIGHTS.items() if m != "tv" or TV_MODELS}
+    weights = {m: w for m, w in WEIGHTS.items() if m not in GROUPS or GROUPS[m]}
     model = rng.choices(list(weights), weights=list(weights.values()))[0]
     flags = rng.sample(FLAGS[model], k=rng.randint(0, min(3, len(FLAGS[model]))))
-    if model == "tv":
-        model = rng.choice(TV_MODELS)
+    if model in GROUPS:
+        model = rng.choice(GROUPS[model])
     if model == "gpt2" and rng.random() < 0.3:
         # Other shapes: the planner's blocks, options and the chain's length change with them.
         # --seq only upward (the --seq-* flags draw lengths up to 64). 12 layers: 370 forward ops,
