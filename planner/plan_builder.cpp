@@ -40,6 +40,14 @@ struct Builder {
     return false;
   }
 
+  // An op that saved an input saved the tensor it read: a view of `v` (flatten before a
+  // classifier's linear) is re-made by re-running the op that made that view.
+  void add_saved_views(int64_t v, int64_t j, std::set<int64_t>* ops) {
+    for (int64_t s : g.prof->values[v].saved_by)
+      for (const Dep& d : g.deps[s])
+        if (d.value == v && d.src > g.producer(v)) add_op(d.src, j, ops);
+  }
+
   void add_op(int64_t o, int64_t j, std::set<int64_t>* ops) {
     if (!ops->insert(o).second) return;
     for (const Dep& d : g.deps[o]) {
@@ -140,23 +148,26 @@ void emit_actions(const Graph& g, Builder& B, std::map<int64_t, std::vector<int6
     for (int64_t v : want) {
       if (std::find(keep.begin(), keep.end(), v) != keep.end() || B.available(v, j)) continue;
       B.add_op(g.producer(v), j, &ops);
-      // An op that saved an input saved the tensor it read: a view of the value (flatten before
-      // a classifier's linear) is re-made by re-running the op that made that view.
-      for (int64_t s : g.prof->values[v].saved_by)
-        for (const Dep& d : g.deps[s])
-          if (d.value == v && d.src > g.producer(v)) B.add_op(d.src, j, &ops);
+      B.add_saved_views(v, j, &ops);
       keep.push_back(v);
     }
     if (ops.empty()) continue;
     if (B.keep_byproducts) {
       int64_t lo = g.n_fwd;  // the earliest producer among this action's own targets
       for (int64_t v : keep) lo = std::min(lo, g.producer(v));
+      std::vector<int64_t> byproducts;
       for (int64_t o : ops)
         for (int64_t v : g.produces[o])
           if (B.evicted[v] && !B.kept[v] && g.first_unpack[v] > j &&
               (B.keep_byproducts == 1 || o >= lo) &&
               std::find(keep.begin(), keep.end(), v) == keep.end())
-            keep.push_back(v);
+            byproducts.push_back(v);
+      // Kept as any target is, so with the views its savers read (Mixtral's router linear saves
+      // a reshape of the normed hidden states: the replay re-ran that reshape unpriced).
+      for (int64_t v : byproducts) {
+        B.add_saved_views(v, j, &ops);
+        keep.push_back(v);
+      }
     }
     for (int64_t v : keep) {
       B.kept[v] = 1;
