@@ -10,6 +10,7 @@
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
 
@@ -111,6 +112,15 @@ class PlannedNodeHook final : public torch::autograd::FunctionPreHook {
 // autograd.Function's RecordFunction has no outputs: its nodes are looked for once more from the
 // next op's inputs (look_again), which usually read its output; what is still missing is left to
 // on-demand rebuilds.
+namespace {
+// The node a CopySlices (autograd's node for a base whose view was written in place) runs for the
+// write, or null. By name: no RTTI of torch's classes needed.
+const torch::autograd::Node* copy_slices_fn(torch::autograd::Node* n) {
+  if (n->name() != "torch::autograd::CopySlices") return nullptr;
+  return static_cast<torch::autograd::CopySlices*>(n)->fn.get();
+}
+}  // namespace
+
 void Replayer::attach_node_hooks(int64_t op, c10::ArrayRef<at::Tensor> outputs) {
   c10::SmallVector<char, 8> done(node_actions_[op].size(), 0);
   hook_nodes(op, outputs, &done);
@@ -157,15 +167,25 @@ void Replayer::hook_nodes(int64_t op, c10::ArrayRef<at::Tensor> from, c10::Small
     work.push_back(n);
   };
   for (const at::Tensor& t : from) {
-    if (t.defined()) visit(t.grad_fn().get());
+    if (!t.defined()) continue;
+    visit(t.grad_fn().get());
+    // An op that wrote a view in place (EfficientNet's dropout_ on a flatten) rebased the view's
+    // base onto a CopySlices; the view's own grad_fn, made again when asked for, is numbered
+    // after the op and leads nowhere in range.
+    if (t.is_view()) visit(t._base().grad_fn().get());
   }
   while (!work.empty()) {
     torch::autograd::Node* n = work.back();
     work.pop_back();
-    const auto seq = static_cast<int64_t>(n->sequence_nr());
+    // A CopySlices runs the in-place op's own node (its `fn`, which the profile recorded) inside
+    // its apply, where no hook of that node runs: the CopySlices' pre-hook stands for it.
+    const torch::autograd::Node* inner = copy_slices_fn(n);
     for (size_t i = 0; i < done.size(); ++i) {
       const NodeAction& a = node_actions_[op][i];
-      if (!done[i] && begin + a.seq_offset == seq && n->name() == a.name) {
+      auto is = [&](const torch::autograd::Node* m) {
+        return m != nullptr && begin + a.seq_offset == static_cast<int64_t>(m->sequence_nr()) && m->name() == a.name;
+      };
+      if (!done[i] && (is(n) || is(inner))) {
         n->add_pre_hook(std::make_unique<PlannedNodeHook>(this, a.node, generation_));
         done[i] = 1;
       }

@@ -206,8 +206,11 @@ class GPT2(nn.Module):
 
 
 class CNN(nn.Module):
-    def __init__(self, classes=10, width=32, hardswish=False, dropout=False):
+    def __init__(self, classes=10, width=32, hardswish=False, dropout=False, head_dropout=False):
         super().__init__()
+        # head_dropout: in place on the flattened features, as EfficientNet's classifier has it (a
+        # write through a view: autograd puts the dropout's node inside a CopySlices of the base).
+        self.head_drop = nn.Dropout(0.2, inplace=True) if head_dropout else nn.Identity()
         w = width
         act = nn.Hardswish if hardswish else nn.ReLU
         # dropout: element-wise on the feature maps (4-D; channels-last in a channels-last model).
@@ -223,7 +226,7 @@ class CNN(nn.Module):
         self.head = nn.Linear(2 * w * 8 * 8, classes)
 
     def forward(self, x):
-        return self.head(torch.flatten(self.features(x), 1))
+        return self.head(self.head_drop(torch.flatten(self.features(x), 1)))
 
 
 class ViewsInplace(nn.Module):
@@ -341,7 +344,7 @@ ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm", *TORCHVISION, *HUGGINGFACE
 
 def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
           noisy_op=False, detached_side=False, custom_gelu=False, width=0, layers=0, seq=64, index_copy=False,
-          dropout=False):
+          dropout=False, head_dropout=False):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024, detached_side=detached_side)
     if name == "gpt2":
@@ -359,7 +362,7 @@ def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_dep
                 blk.mlp[1] = CustomGelu()
         return m
     if name == "cnn":
-        return CNN(width=8 if small else 32, hardswish=hardswish, dropout=dropout)
+        return CNN(width=8 if small else 32, hardswish=hardswish, dropout=dropout, head_dropout=head_dropout)
     if name == "views":
         return ViewsInplace()
     if name == "tied":

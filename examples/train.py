@@ -74,6 +74,8 @@ def parse():
     p.add_argument("--noisy-op", action="store_true",
                    help="GPT-2: a torch.library op that adds torch.rand_like noise (random, undeclared)")
     p.add_argument("--hardswish", action="store_true", help="CNN: in-place Hardswish activations (MobileNetV3's)")
+    p.add_argument("--head-dropout", action="store_true",
+                   help="CNN: in-place dropout on the flattened features before the head (EfficientNet's)")
     p.add_argument("--cnn-dropout", action="store_true",
                    help="CNN: element-wise dropout on the feature maps after the first pooling (4-D; channels-last "
                         "with --channels-last)")
@@ -408,7 +410,7 @@ def main():
                          sdpa=args.sdpa, noisy_op=args.noisy_op,
                          detached_side=args.detached_side, custom_gelu=args.custom_gelu,
                          width=args.width, layers=args.layers, seq=args.seq,
-                         index_copy=args.index_copy, dropout=args.cnn_dropout).to(args.device)
+                         index_copy=args.index_copy, dropout=args.cnn_dropout, head_dropout=args.head_dropout).to(args.device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.weight_norm or args.spectral_norm:

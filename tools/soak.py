@@ -53,7 +53,7 @@ FLAGS = {
     "hf": HF,
     "cnn": ["--hardswish", "--accum 2", "--eval-every 2", "--small", "--optimizer-in-backward",
             "--log-grads", "--backward-raises-at 4", "--log-grads-until 4", "--zero-grad-late",
-            "--channels-last", "--cnn-dropout", "--weight-norm", "--spectral-norm"] + GRADS + ATTACK,
+            "--channels-last", "--cnn-dropout", "--head-dropout", "--weight-norm", "--spectral-norm"] + GRADS + ATTACK,
     "mlp": ["--shared-layer", "--detached-side", "--small", "--drop-rows", "--release-params",
             "--accum 3", "--optimizer-in-backward", "--zero-grad-late", "--weight-norm",
             "--spectral-norm"] + GRADS + ATTACK,
