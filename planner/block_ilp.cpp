@@ -181,36 +181,9 @@ MilpStatus solve_block_point(const BlockProblem& bp, MilpSolver& solver, int64_t
   return res.status;
 }
 
-BlockMenu solve_block(const BlockProblem& bp, MilpSolver& solver, const IlpOptions& opt) {
-  BlockMenu menu;
-  menu.ff_time = bp.fwd_time;
-  menu.ff_overhead = bp.ff_overhead;
-  std::vector<BlockOption> all;
-  const size_t nc = bp.cand_bytes.size();
-  BlockOption keep = closure_option(bp, std::vector<char>(nc, 0));
-  keep.source = "keep-all";
-  BlockOption drop = closure_option(bp, std::vector<char>(nc, 1));
-  drop.source = "evict-all";
-  all.push_back(keep);
-  all.push_back(drop);
-  if (opt.use_ilp && nc > 0) {
-    const int64_t total_c = std::accumulate(bp.cand_bytes.begin(), bp.cand_bytes.end(), int64_t{0});
-    const int64_t total_out = std::accumulate(bp.out_bytes.begin(), bp.out_bytes.end(), int64_t{0});
-    const int64_t a_max = total_c + total_out;
-    for (int i = 0; i < opt.grid_save; ++i) {
-      const int64_t s = opt.grid_save > 1 ? total_c * i / (opt.grid_save - 1) : total_c;
-      for (int k = 1; k <= opt.grid_all; ++k) {
-        const int64_t a = a_max * k / opt.grid_all;
-        BlockOption o;
-        MilpStatus st = solve_block_point(bp, solver, s, a, MilpLimits{opt.solve_time_s}, &o);
-        ++menu.solves;
-        if (st == MilpStatus::Optimal) ++menu.optimal;
-        if (st == MilpStatus::Feasible || st == MilpStatus::NoSolution) ++menu.timeouts;
-        if (st == MilpStatus::Optimal || st == MilpStatus::Feasible) all.push_back(std::move(o));
-      }
-    }
-  }
-  // Pareto: drop duplicates and options no better in any of time, kept bytes, backward overhead.
+// Pareto: drop duplicates and options no better in any of time, kept bytes, backward overhead;
+// sorted by kept bytes, largest first; at most max_options, both ends and evenly spaced between.
+static std::vector<BlockOption> pareto_front(const std::vector<BlockOption>& all, int max_options) {
   auto dominated = [](const BlockOption& a, const BlockOption& b) {  // b dominates a
     return b.time_bwd <= a.time_bwd && b.size_a_bar <= a.size_a_bar &&
            b.overhead_bwd <= a.overhead_bwd &&
@@ -231,15 +204,100 @@ BlockMenu solve_block(const BlockProblem& bp, MilpSolver& solver, const IlpOptio
   std::sort(front.begin(), front.end(), [](const BlockOption& a, const BlockOption& b) {
     return a.size_a_bar != b.size_a_bar ? a.size_a_bar > b.size_a_bar : a.time_bwd < b.time_bwd;
   });
-  if (static_cast<int>(front.size()) > opt.max_options) {
+  if (static_cast<int>(front.size()) > max_options) {
     // Keep both ends and evenly spaced ones between (sorted by kept bytes).
     std::vector<BlockOption> few;
-    const int n = static_cast<int>(front.size()), k = opt.max_options;
+    const int n = static_cast<int>(front.size()), k = max_options;
     for (int i = 0; i < k; ++i) few.push_back(front[static_cast<size_t>(i) * (n - 1) / (k - 1)]);
     front.swap(few);
   }
-  menu.options = std::move(front);
+  return front;
+}
+
+BlockSolves start_block(const BlockProblem& bp) {
+  BlockSolves sv;
+  const size_t nc = bp.cand_bytes.size();
+  BlockOption keep = closure_option(bp, std::vector<char>(nc, 0));
+  keep.source = "keep-all";
+  BlockOption drop = closure_option(bp, std::vector<char>(nc, 1));
+  drop.source = "evict-all";
+  sv.all.push_back(std::move(keep));
+  sv.all.push_back(std::move(drop));
+  sv.on_coarse.assign(2, 1);
+  return sv;
+}
+
+void solve_grid(const BlockProblem& bp, MilpSolver& solver, const IlpOptions& opt, bool coarse_pass,
+                BlockSolves* sv) {
+  const size_t nc = bp.cand_bytes.size();
+  if (!opt.use_ilp || nc == 0) return;
+  const int64_t total_c = std::accumulate(bp.cand_bytes.begin(), bp.cand_bytes.end(), int64_t{0});
+  const int64_t total_out = std::accumulate(bp.out_bytes.begin(), bp.out_bytes.end(), int64_t{0});
+  const int64_t a_max = total_c + total_out;
+  for (int i = 0; i < opt.grid_save; ++i) {
+    const int64_t s = opt.grid_save > 1 ? total_c * i / (opt.grid_save - 1) : total_c;
+    const bool coarse_s = opt.grid_save <= 1 || opt.coarse_save <= 1
+                              ? i == opt.grid_save - 1
+                              : (i * (opt.coarse_save - 1)) % (opt.grid_save - 1) == 0;
+    for (int k = 1; k <= opt.grid_all; ++k) {
+      const int64_t a = a_max * k / opt.grid_all;
+      const bool coarse = coarse_s && opt.coarse_all > 0 && (k * opt.coarse_all) % opt.grid_all == 0;
+      if (coarse != coarse_pass) continue;
+      const double left =
+          std::chrono::duration<double>(opt.deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return;
+      BlockOption o;
+      MilpStatus st =
+          solve_block_point(bp, solver, s, a, MilpLimits{std::max(0.01, std::min(opt.solve_time_s, left))}, &o);
+      ++sv->solves;
+      if (st == MilpStatus::Optimal) ++sv->optimal;
+      if (st == MilpStatus::Feasible || st == MilpStatus::NoSolution) ++sv->timeouts;
+      if (st == MilpStatus::Optimal || st == MilpStatus::Feasible) {
+        sv->all.push_back(std::move(o));
+        sv->on_coarse.push_back(coarse ? 1 : 0);
+      }
+    }
+  }
+}
+
+BlockMenu make_menu(const BlockProblem& bp, const BlockSolves& sv, const IlpOptions& opt) {
+  BlockMenu menu;
+  menu.ff_time = bp.fwd_time;
+  menu.ff_overhead = bp.ff_overhead;
+  menu.solves = sv.solves;
+  menu.optimal = sv.optimal;
+  menu.timeouts = sv.timeouts;
+  const std::vector<BlockOption>& all = sv.all;
+  const std::vector<char>& on_coarse = sv.on_coarse;
+  std::vector<BlockOption> fine = pareto_front(all, opt.max_options);
+  std::vector<BlockOption> coarse_all;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (on_coarse[i]) coarse_all.push_back(all[i]);
+  std::vector<BlockOption> coarse = pareto_front(coarse_all, std::max(2, opt.max_options / 2));
+  // The menu: the fine front, then each coarse option it lacks; flags say which are coarse.
+  auto same = [](const BlockOption& a, const BlockOption& b) {
+    return a.evict == b.evict && a.rerun == b.rerun;
+  };
+  menu.options = std::move(fine);
+  menu.coarse.assign(menu.options.size(), 0);
+  for (BlockOption& c : coarse) {
+    size_t j = 0;
+    while (j < menu.options.size() && !same(menu.options[j], c)) ++j;
+    if (j == menu.options.size()) {
+      menu.options.push_back(std::move(c));
+      menu.coarse.push_back(1);
+    } else {
+      menu.coarse[j] = 1;
+    }
+  }
   return menu;
+}
+
+BlockMenu solve_block(const BlockProblem& bp, MilpSolver& solver, const IlpOptions& opt) {
+  BlockSolves sv = start_block(bp);
+  solve_grid(bp, solver, opt, true, &sv);
+  solve_grid(bp, solver, opt, false, &sv);
+  return make_menu(bp, sv, opt);
 }
 
 }  // namespace memplan::planner

@@ -53,6 +53,7 @@ struct Candidate {
                                // -2: a whole-graph plan, -3: a local-search plan, -4: the empty
                                // plan with masks compact, -5: a candidate's evictions minus
                                // its masks, which stay compact); compacted variants keep their slot
+  bool fine = false;           // a schedule of the full menus the coarse ones did not give
 };
 
 struct PlannerStats {

@@ -170,3 +170,35 @@ TEST(BlockIlp, EveryOptionReplaysInTheSimulator) {
     }
   }
 }
+
+// The menu is the fine grid's Pareto front plus the coarse grid's, each coarse option flagged;
+// past the ILP deadline no solve runs and the menu is keep-all and evict-all.
+TEST(BlockIlp, TheMenuHoldsTheCoarseFrontFlaggedAndStopsAtTheDeadline) {
+  std::mt19937 rng(7);
+  auto solver = make_cbc_solver();
+  for (int trial = 0; trial < 20; ++trial) {
+    BlockProblem bp = random_problem(rng, 7);
+    IlpOptions coarse_only;
+    coarse_only.grid_save = coarse_only.coarse_save;
+    coarse_only.grid_all = coarse_only.coarse_all;
+    coarse_only.max_options = IlpOptions{}.max_options / 2;
+    BlockMenu c = solve_block(bp, *solver, coarse_only);
+    BlockMenu m = solve_block(bp, *solver, IlpOptions{});
+    ASSERT_EQ(m.coarse.size(), m.options.size());
+    int flagged = 0;
+    for (char f : m.coarse) flagged += f;
+    EXPECT_EQ(flagged, static_cast<int>(c.options.size())) << "trial " << trial;
+    for (const BlockOption& o : c.options) {
+      bool found = false;
+      for (size_t k = 0; k < m.options.size(); ++k)
+        found = found || (m.coarse[k] && m.options[k].evict == o.evict && m.options[k].rerun == o.rerun);
+      EXPECT_TRUE(found) << "trial " << trial << ": a coarse option is missing from the menu";
+    }
+    EXPECT_GE(m.solves, c.solves);
+    IlpOptions late;
+    late.deadline = std::chrono::steady_clock::now();
+    BlockMenu l = solve_block(bp, *solver, late);
+    EXPECT_EQ(l.solves, 0);
+    EXPECT_LE(l.options.size(), 2u);
+  }
+}
