@@ -191,8 +191,10 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     // lower ones cascade into rebuilds of rebuilds (+400-800% on the recorded profiles). Long
     // skips (a U-Net's) leave the chain few cuts and the DP little to choose from: there these
     // plans are the useful ones (U-Net probe: minimum 81% of activations -> 44%, at +35%).
+    // (The coarse menus' lowest: the fine menus' own schedules move no whole-graph plan in or out.)
     int64_t dp_min = cands_.front().peak;
-    for (const Candidate& c : cands_) dp_min = std::min(dp_min, c.peak);
+    for (const Candidate& c : cands_)
+      if (!c.fine) dp_min = std::min(dp_min, c.peak);
     const double cascade_us = g.step_time_us + g.fwd_time_us;
     // With dropout masks, solved as the replay would run: masks compact (whole_graph.h). Solving
     // both views found no better plans on the GPT-2 profile and doubled this stage (8 s vs 5 s).
@@ -255,11 +257,22 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     // that a budget's pick stays the fastest fitting candidate of one fixed set: predicted time
     // never grows with the budget.
     if (opt.refine.enabled && g.n_fwd <= opt.refine.max_ops && opt.refine.levels > 0) {
-      const int64_t lo = cands_.front().peak;
+      // The levels start at the lowest peak of the candidates that are not the fine menus' own,
+      // so that those menus move no level (a level's search is greedy: moved, it can end slower),
+      // plus one at the lowest peak of all where that is lower.
+      const int64_t lo_all = cands_.front().peak;
+      int64_t lo = lo_all;
+      for (const Candidate& c : cands_)
+        if (!c.fine) {
+          lo = c.peak;
+          break;
+        }
       const int levels = static_cast<int>(g.per_op_share(opt.refine.levels, opt.refine.level_ops));
+      std::vector<int64_t> grid;
+      if (lo_all < lo) grid.push_back(lo_all);
+      for (int k = 0; k < levels; ++k) grid.push_back(lo + (unplanned_peak_ - lo) * k / levels);
       std::vector<Candidate> found;
-      for (int k = 0; k < levels; ++k) {
-        const int64_t level = lo + (unplanned_peak_ - lo) * k / levels;
+      for (const int64_t level : grid) {
         // From the fastest candidate that fits, and from the fastest without the fine menus'
         // schedules when that is another: a search is greedy, and a faster start can end slower
         // (transformer3 profile at 42%: +10.9% from a fine schedule, +9.8% from a coarse one).

@@ -127,11 +127,12 @@ TEST(Planner, BelowMinimumGivesMinimumMemoryPlanAndMessage) {
   EXPECT_LE(at.plan.predicted_peak_bytes, at.plan.budget_bytes);
 }
 
-// The fine grid's menus hold the coarse grid's front, and the DP runs over both: what the coarse
-// menus alone give stays a candidate, so no budget gets a slower plan or a higher minimum from the
-// finer menus (without the coarse chain the recorded GPT-2 profile's DP plans were slower at some
-// budgets). Local search and whole-graph plans off: they start from or add to the DP's candidates.
-TEST(Planner, FineMenusLoseNoScheduleOfTheCoarseOnes) {
+// The fine grid's menus hold the coarse grid's front, the DP runs over both, and the local search
+// keeps the coarse candidates' levels and starts: what the coarse menus alone give stays a
+// candidate, so no budget gets a slower plan or a higher minimum from the finer menus (without
+// the coarse chain the DP's plans were slower at some budgets; with the search's levels moved by
+// the lower minimum, the recorded GPT-2 profile at 35% went from +14.5% to +17.3%).
+TEST(Planner, FineMenusLoseNoPlanOfTheCoarseOnes) {
   std::vector<std::pair<std::string, Profile>> profiles = {{"transformer4", synth_transformer(4)},
                                                            {"resnet9", synth_resnet(9)}};
   for (const char* name : {"gpt2_cpu", "resnet8"}) {
@@ -141,30 +142,30 @@ TEST(Planner, FineMenusLoseNoScheduleOfTheCoarseOnes) {
                                   &p, &err)) << err;
     profiles.emplace_back(name, std::move(p));
   }
-  for (const auto& [name, p] : profiles) {
-    PlannerOptions fine;
-    fine.refine.enabled = false;
-    fine.whole_graph.enabled = false;
-    fine.ilp_total_s = 120;  // no solve left out on a slow machine
-    PlannerOptions coarse = fine;
-    coarse.ilp.grid_save = coarse.ilp.coarse_save;
-    coarse.ilp.grid_all = coarse.ilp.coarse_all;
-    Planner pf, pc;
-    std::string err;
-    ASSERT_TRUE(pf.prepare(p, fine, &err)) << err;
-    ASSERT_TRUE(pc.prepare(p, coarse, &err)) << err;
-    EXPECT_LE(pf.min_feasible(), pc.min_feasible()) << name;
-    int faster = 0;
-    for (int pct = 20; pct <= 100; pct += 2) {
-      const Budget b{Budget::Kind::Percent, 0, static_cast<double>(pct)};
-      PlanResult rf = pf.plan_for(b), rc = pc.plan_for(b);
-      ASSERT_TRUE(rf.ok && rc.ok) << name;
-      if (!rc.plan.feasible) continue;
-      ASSERT_TRUE(rf.plan.feasible) << name << " at " << pct << "%";
-      EXPECT_LE(rf.plan.predicted_time_us, rc.plan.predicted_time_us + 1e-6) << name << " at " << pct << "%";
-      faster += rf.plan.predicted_time_us < rc.plan.predicted_time_us - 1e-6;
+  for (bool dp_only : {true, false}) {
+    for (const auto& [name, p] : profiles) {
+      const std::string what = name + (dp_only ? " (DP only)" : "");
+      PlannerOptions fine;
+      fine.refine.enabled = !dp_only;
+      fine.whole_graph.enabled = !dp_only;
+      fine.ilp_total_s = 120;  // no solve left out on a slow machine
+      PlannerOptions coarse = fine;
+      coarse.ilp.grid_save = coarse.ilp.coarse_save;
+      coarse.ilp.grid_all = coarse.ilp.coarse_all;
+      Planner pf, pc;
+      std::string err;
+      ASSERT_TRUE(pf.prepare(p, fine, &err)) << err;
+      ASSERT_TRUE(pc.prepare(p, coarse, &err)) << err;
+      EXPECT_LE(pf.min_feasible(), pc.min_feasible()) << what;
+      for (int pct = 20; pct <= 100; pct += 2) {
+        const Budget b{Budget::Kind::Percent, 0, static_cast<double>(pct)};
+        PlanResult rf = pf.plan_for(b), rc = pc.plan_for(b);
+        ASSERT_TRUE(rf.ok && rc.ok) << what;
+        if (!rc.plan.feasible) continue;
+        ASSERT_TRUE(rf.plan.feasible) << what << " at " << pct << "%";
+        EXPECT_LE(rf.plan.predicted_time_us, rc.plan.predicted_time_us + 1e-6) << what << " at " << pct << "%";
+      }
     }
-    RecordProperty(name, faster);
   }
 }
 
