@@ -1,7 +1,8 @@
 // plan-bench: planning time on synthetic transformer-like and ResNet-like profiles of about 100,
 // 1,000 and 10,000 forward ops, at budgets 100/70/50/33% of activation memory and the minimum.
 //   plan-bench                      the table
-//   plan-bench --max-ops N          skip sizes above N
+//   plan-bench --max-ops N          skip sizes above N (--min-ops N: below N)
+//   Each size also prints where its preparing went: ILP solves, the DP, the candidates.
 //   plan-bench --write-profile transformer|resnet UNITS OUT.json   write one synthetic profile
 #include <chrono>
 #include <cstdlib>
@@ -17,7 +18,7 @@ using namespace memplan;
 using namespace memplan::planner;
 
 int main(int argc, char** argv) {
-  int64_t max_ops = 20000;
+  int64_t max_ops = 20000, min_ops = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--write-profile" && i + 3 < argc) {
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (a == "--max-ops" && i + 1 < argc) max_ops = std::atoll(argv[++i]);
+    if (a == "--min-ops" && i + 1 < argc) min_ops = std::atoll(argv[++i]);
   }
   using Clock = std::chrono::steady_clock;
   struct Case { const char* kind; int units; };
@@ -41,7 +43,8 @@ int main(int argc, char** argv) {
              "distinct", "budget", "plan_s", "prepare_s", "peak%act", "time+%");
   for (const Case& c : cases) {
     Profile p = std::string(c.kind) == "resnet" ? synth_resnet(c.units) : synth_transformer(c.units);
-    if (static_cast<int64_t>(p.forward.size()) > max_ops) continue;
+    if (static_cast<int64_t>(p.forward.size()) > max_ops || static_cast<int64_t>(p.forward.size()) < min_ops)
+      continue;
     // Budget-independent work once (what the agent does), then each budget end to end.
     auto t0 = Clock::now();
     Planner pl;
@@ -51,6 +54,11 @@ int main(int argc, char** argv) {
       continue;
     }
     const double prep = std::chrono::duration<double>(Clock::now() - t0).count();
+    const PlannerStats& st = pl.stats();
+    fmt::print("{:<12} {:>6}   prepare: ILP {:.2f} s ({} solves, {} stopped by the clock), DP {:.2f} s, "
+               "candidates {:.2f} s ({} local-search simulations)\n",
+               c.kind, p.forward.size(), st.ilp_s, st.ilp_solves, st.ilp_timeouts, st.dp_s, st.candidates_s,
+               st.refine_sims);
     const double min_pct = 100.0 * (pl.min_feasible() - p.baseline_bytes) / p.activation_bytes();
     struct B { const char* name; double pct; };
     const B budgets[] = {{"100%", 100}, {"70%", 70}, {"50%", 50}, {"33%", 33}, {"min", min_pct}};

@@ -62,6 +62,7 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     }
     // Every block's coarse grid first, then the fine points while time is left.
     for (bool coarse_pass : {true, false}) {
+      if (!coarse_pass && g.n_fwd > opt.fine_max_ops) break;
       for (size_t i = 0; i < L; ++i) {
         if (blocks_[i].shape_id != static_cast<int>(i)) continue;
         IlpOptions io = opt.ilp;

@@ -28,6 +28,9 @@ struct PlannerOptions {
   WholeGraphOptions whole_graph;  // extra whole-graph eviction candidates (whole_graph.h)
   RefineOptions refine;        // local-search candidates at a grid of budgets (refine.h)
   bool compact_masks = true;   // may keep dropout masks compact (Graph::compact_bytes)
+  int64_t fine_max_ops = 1000; // the fine grid's ILP points (IlpOptions) only up to this many
+                               // forward ops: past it they took the ILP's whole time and the DP's
+                               // candidates twice the simulations (10,756 ops: 14 s -> 29 s)
   double ilp_total_s = -1;     // all ILP solves together, then only the keep-all/evict-all
                                // options; < 0: auto, 1 s + 1.5 ms per forward op, at most 20 s
 };

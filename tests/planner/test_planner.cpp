@@ -169,6 +169,29 @@ TEST(Planner, FineMenusLoseNoPlanOfTheCoarseOnes) {
   }
 }
 
+// Past fine_max_ops forward ops only the coarse grid is solved: every menu option is a coarse one.
+TEST(Planner, PastFineMaxOpsOnlyTheCoarseGridIsSolved) {
+  const Profile p = synth_transformer(3);
+  for (int64_t limit : {int64_t{0}, int64_t{100000}}) {
+    PlannerOptions o;
+    o.fine_max_ops = limit;
+    o.ilp_total_s = 120;
+    Planner pl;
+    std::string err;
+    ASSERT_TRUE(pl.prepare(p, o, &err)) << err;
+    bool any_fine = false;
+    for (size_t i = 0; i < pl.blocks().size(); ++i)
+      for (char c : pl.menu(i).coarse) any_fine = any_fine || !c;
+    const int coarse_points = o.ilp.coarse_save * o.ilp.coarse_all;
+    if (limit == 0) {
+      EXPECT_FALSE(any_fine);
+      EXPECT_LE(pl.stats().ilp_solves, coarse_points * pl.stats().distinct_blocks);
+    } else {
+      EXPECT_GT(pl.stats().ilp_solves, coarse_points * pl.stats().distinct_blocks);
+    }
+  }
+}
+
 TEST(Planner, IdenticalBlocksShareOneSolve) {
   Planner pl;
   std::string err;
