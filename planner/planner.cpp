@@ -61,14 +61,12 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
       solves[i] = start_block(problems[i]);
     }
     // Every block's coarse grid first, then the fine points while time is left.
+    IlpOptions io = opt.ilp;
+    io.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ilp_total));
     for (bool coarse_pass : {true, false}) {
       if (!coarse_pass && g.n_fwd > opt.fine_max_ops) break;
-      for (size_t i = 0; i < L; ++i) {
-        if (blocks_[i].shape_id != static_cast<int>(i)) continue;
-        IlpOptions io = opt.ilp;
-        io.deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ilp_total));
-        solve_grid(problems[i], *solver, io, coarse_pass, &solves[i]);
-      }
+      for (size_t i = 0; i < L; ++i)
+        if (blocks_[i].shape_id == static_cast<int>(i)) solve_grid(problems[i], *solver, io, coarse_pass, &solves[i]);
     }
     for (size_t i = 0; i < L; ++i) {
       if (blocks_[i].shape_id != static_cast<int>(i)) continue;
@@ -82,23 +80,27 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     // The chain in memory units.
     t0 = Clock::now();
     // The unit is set by the coarse options (all of them where a menu has no flags), so that the
-    // coarse chain below is the one a coarse menu alone would give.
-    int64_t total = 0, worst = 0;
+    // coarse chain below is the one a coarse menu alone would give; `worst` (for the slots) is
+    // over every option.
+    int64_t total = 0, worst_coarse = 0, worst = 0;
     for (size_t i = 0; i < L; ++i) {
       const BlockMenu& mu = menus_[blocks_[i].shape_id];
       int64_t smax = 0;
       const int64_t next_c = i + 1 < L ? blocks_[i + 1].input_bytes : 0;
+      worst_coarse = std::max(worst_coarse, next_c + mu.ff_overhead);
       worst = std::max(worst, next_c + mu.ff_overhead);
       for (size_t k = 0; k < mu.options.size(); ++k) {
-        if (k < mu.coarse.size() && !mu.coarse[k]) continue;
         const BlockOption& o = mu.options[k];
+        const int64_t peak = std::max(next_c + o.size_a_bar + o.overhead_fwd, o.size_a_bar + o.overhead_bwd);
+        worst = std::max(worst, peak);
+        if (k < mu.coarse.size() && !mu.coarse[k]) continue;
         smax = std::max(smax, o.size_a_bar);
-        worst = std::max({worst, next_c + o.size_a_bar + o.overhead_fwd, o.size_a_bar + o.overhead_bwd});
+        worst_coarse = std::max(worst_coarse, peak);
       }
       total += blocks_[i].input_bytes + smax;
     }
     const int slots = std::max(10, opt.mem_slots);
-    const int64_t unit = std::max<int64_t>(1, (total + worst + slots - 1) / slots);
+    const int64_t unit = std::max<int64_t>(1, (total + worst_coarse + slots - 1) / slots);
     stats_.unit_bytes = unit;
     auto units = [&](int64_t b) { return static_cast<int>((b + unit - 1) / unit); };
     // Two chains: every option of each menu, and the coarse grid's options alone
@@ -144,11 +146,6 @@ bool Planner::prepare(const Profile& p, const PlannerOptions& opt, std::string* 
     chains.push_back(make_chain(false));
     // Enough slots for the keep-everything schedule even after every size was rounded up, and for
     // every option's peak.
-    for (size_t i = 0; i < L; ++i) {
-      const int64_t next_c = i + 1 < L ? blocks_[i + 1].input_bytes : 0;
-      for (const BlockOption& o : menus_[blocks_[i].shape_id].options)
-        worst = std::max({worst, next_c + o.size_a_bar + o.overhead_fwd, o.size_a_bar + o.overhead_bwd});
-    }
     int M = units(worst) + 2;
     for (size_t i = 0; i < L; ++i) {
       int smax = 0;

@@ -42,10 +42,9 @@ VIEW_OPS = {"aten::view", "aten::transpose", "aten::t", "aten::permute", "aten::
             "aten::split", "aten::chunk", "aten::unsqueeze", "aten::squeeze", "aten::expand",
             "aten::slice", "aten::select", "aten::narrow", "aten::flatten", "aten::unflatten",
             "aten::as_strided", "aten::detach", "aten::alias", "aten::unbind", "aten::view_as",
-            "aten::expand_as", "aten::movedim", "aten::swapaxes", "aten::contiguous"}
-# contiguous copies only when its input is not contiguous; the profile does not say: priced by
-# its bytes below, as a copy (the demo's contiguous follows a transpose, so it copies).
-VIEW_OPS.discard("aten::contiguous")
+            "aten::expand_as", "aten::movedim", "aten::swapaxes"}
+# Not aten::contiguous: it copies when its input is not contiguous, and the profile does not say
+# whether it was; priced by its bytes, as a copy (the demo's follows a transpose, so it copies).
 MATMULS = {"aten::linear", "aten::matmul", "aten::mm", "aten::bmm", "aten::addmm",
            "aten::baddbmm", "aten::scaled_dot_product_attention"}
 LIGHT_NODES = {"ViewBackward0", "UnsafeViewBackward0", "TransposeBackward0", "TBackward0",
@@ -55,7 +54,7 @@ LIGHT_NODES = {"ViewBackward0", "UnsafeViewBackward0", "TransposeBackward0", "TB
 
 
 def numel(shape):
-    return math.prod(shape) if shape else 1
+    return math.prod(shape)
 
 
 def tensor_bytes(t):
@@ -89,7 +88,7 @@ def half_precision(op):
     return any(t.get("dtype") in ("Half", "BFloat16") for t in op["inputs"])
 
 
-def forward_cost(op, gpu, a):
+def forward_cost(op, gpu):
     """(flops, bytes, peak rate) of one forward op."""
     if op["name"] in VIEW_OPS:
         return 0.0, 0.0, 1.0
@@ -110,7 +109,7 @@ def device_us(flops, moved, rate, gpu, a):
 def rewrite(prof, gpu, a):
     fwd_cost = []
     for op in prof["forward"]:
-        flops, moved, rate = forward_cost(op, gpu, a)
+        flops, moved, rate = forward_cost(op, gpu)
         dev = device_us(flops, moved, rate, gpu, a)
         host = a.host_us if dev > 0 else a.view_host_us
         fwd_cost.append((flops, moved, rate))

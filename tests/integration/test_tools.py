@@ -1,5 +1,6 @@
-"""The README's demo, the replay benchmark and tools/what_if_gpu.py: the first two they run, print their side-by-side tables with
-results identical, and leave no files behind (each run dumps every loss and gradient)."""
+"""The README's demo and the replay benchmark: they run, print their side-by-side tables with
+results identical, and leave no files behind (each run dumps every loss and gradient). And
+tools/what_if_gpu.py: its op prices, and a profile memplan-plan reads."""
 import importlib.util
 import json
 import math
@@ -63,10 +64,7 @@ def test_what_if_gpu_prices_ops_by_the_roofline_and_the_planner_reads_the_result
     # against its inputs' and output's bytes at half its bandwidth; 3 us more for the launch.
     i, lin = next((i, o) for i, o in enumerate(before["forward"]) if o["name"] == "aten::linear")
     x, w = lin["inputs"][0]["shape"], lin["inputs"][1]["shape"]
-    tokens = 1
-    for d in x[:-1]:
-        tokens *= d
-    flops = 2.0 * tokens * x[-1] * w[0]
+    flops = 2.0 * math.prod(x[:-1]) * x[-1] * w[0]
     moved = sum(4 * max(1, math.prod(t["shape"])) for t in lin["inputs"] + lin["outputs"])
     want = 3 + max(flops / (67e12 * 0.5), moved / (3.35e12 * 0.5)) * 1e6
     assert abs(after["forward"][i]["cupti_us"] - want) < 1e-6
