@@ -143,6 +143,8 @@ def parse():
                    help="GPT-2: each block starts with an identity through index_copy (nondeterministic "
                         "unless deterministic algorithms are on)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
+    p.add_argument("--compile-mlp", action="store_true",
+                   help="GPT-2: torch.compile each block's MLP only (Inductor); the rest stays eager")
     p.add_argument("--custom-gelu", action="store_true",
                    help="GPT-2: GELU as the script's own torch.autograd.Function (an op memplan cannot re-run)")
     p.add_argument("--channels-last", action="store_true",
@@ -427,6 +429,9 @@ def main():
         model = torch.compile(model)
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
+    if args.compile_mlp and hasattr(inner, "blocks"):
+        for blk in inner.blocks:  # as a user compiles the part they care about
+            blk.mlp = torch.compile(blk.mlp)
     if args.checkpoint and isinstance(inner, models.HFLogits):
         inner.hf.gradient_checkpointing_enable()  # as a user of transformers would
     elif args.checkpoint:

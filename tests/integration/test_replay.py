@@ -1175,6 +1175,20 @@ def test_a_torch_compiled_model_is_left_as_it_is_with_one_message(runner, plain_
     assert sum(r["not_rebuildable"] for r in report["replay"]) == 0
 
 
+def test_compiled_mlps_are_kept_and_the_eager_rest_of_the_model_is_planned(runner, plain_runs):
+    # Only each block's MLP torch.compile'd, as a user compiles the part they care about: its
+    # CompiledFunction is kept whole (one message), while attention, layer norms and dropouts
+    # around it are evicted and re-run, bit-identical, the peak lowered as predicted.
+    p, report = identical_replay(runner, plain_runs, "gpt2", "60%", ["--small", "--compile-mlp"])
+    assert p.stderr.count("cannot be evicted") == 1 and "CompiledFunction" in p.stderr
+    plan = report["plan"]
+    assert plan["predicted_peak_bytes"] < plan["unplanned_peak_bytes"]
+    assert_peaks_as_predicted(report, feasible=plan["feasible"])
+    assert sum(r["evicted"] for r in report["replay"]) > 0
+    assert sum(r["ops_rerun"] for r in report["replay"]) > 0
+    assert sum(r["not_rebuildable"] for r in report["replay"]) == 0
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))
