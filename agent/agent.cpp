@@ -4,6 +4,7 @@
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/Device.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 #include <atomic>
@@ -121,6 +122,24 @@ bool reads_grad(const at::RecordFunction& fn) {
   return any_input(fn, [](const at::Tensor& t) { return t.requires_grad(); });
 }
 
+// An op torch.compile runs while it traces a graph: under FakeTensorMode or AOTAutograd's proxy
+// and functional modes, or a fake tensor's kernel on meta tensors. Not the step's computation:
+// its tensors hold no memory and their sizes may be symbolic (StorageImpl::nbytes throws). Seen
+// as the step's ops, a recompile inside a step (a new sequence length for a compiled module)
+// crashed the process. Cost: a TLS read (no mode: the common case), else three, and a pass over
+// the inputs.
+bool traced(const at::RecordFunction& fn) {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  if (TorchDispatchModeTLS::stack_len() > 0 &&
+      (TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE) ||
+       TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY) ||
+       TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL))) {
+    return true;
+  }
+  return any_input(fn, [](const at::Tensor& t) { return t.is_meta(); });
+}
+
 // An op's input elements, as OpSequence::numel counts them from a profile.
 int64_t input_numel(const at::RecordFunction& fn) {
   int64_t n = 0;
@@ -160,7 +179,40 @@ bool Agent::boot() {
   return true;
 }
 
-bool Agent::recording() const { return phase_ == Phase::Warmup || phase_ == Phase::Replay; }
+bool Agent::recording() const {
+  return (phase_ == Phase::Warmup || phase_ == Phase::Replay) && !failed_.load(std::memory_order_relaxed);
+}
+
+// One of our op or node callbacks threw: a tensor the recorder cannot describe (a strided nested
+// tensor, whose sizes() throws), or a fault of ours. Torch would print the exception with a stack
+// trace for every op, and the step's record is half made (a later callback on it could crash the
+// process). Once: one message; recording() is false from here, the replay's evictions stop (what
+// it evicted is rebuilt as backward reads it, or put back at the backward's end), and observing
+// stops at that end: plain PyTorch from there. Any thread (node callbacks run on the engine's;
+// on the CPU it is the training thread).
+void Agent::callback_failed(const std::exception& e) {
+  if (failed_.exchange(true)) return;
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
+  what = what.substr(0, what.find('\n'));
+  warn("could not follow an op of this step ({}): memplan stops planning and runs plain PyTorch from here", what);
+  each_replayer([](Replayer& r) { r.give_up(); });
+}
+
+// After callback_failed, at the end of a backward: the step's record is dropped, what the replay
+// evicted is put back (Replayer::end_step rebuilds what backward left evicted), nothing is
+// observed any more.
+void Agent::stop_after_failure() {
+  if (replayer_) {
+    try {
+      replayer_->end_step();
+    } catch (const std::exception& e) {
+      warn("could not restore a saved tensor after that: {}", e.what());
+    }
+  }
+  replayer_ = nullptr;
+  stop_observing();
+}
 
 bool Agent::on_owner_thread() const {
   return at::RecordFunction::currentThreadId() == owner_.load(std::memory_order_relaxed);
@@ -207,7 +259,7 @@ void Agent::op_start(const at::RecordFunction& fn) {
     foreign_op(fn);
     return;
   }
-  if (inert_ || !recording() || backward_depth_ > 0 || !at::GradMode::is_enabled()) return;
+  if (inert_ || !recording() || backward_depth_ > 0 || !at::GradMode::is_enabled() || traced(fn)) return;
   // A step begins at its first op that reads a tensor requiring grad. The ops before it (the
   // batch moved to the device, normalized, or rebuilt from a DataLoader worker's shared memory,
   // whose count depends on the order the workers' batches arrived in) make no autograd node and
@@ -267,7 +319,7 @@ void Agent::op_start(const at::RecordFunction& fn) {
 // checks, then Replayer::before_write's.
 void Agent::untracked_op(const at::RecordFunction& fn) {
   if (fn.threadId() != owner_.load(std::memory_order_relaxed) || inert_ || phase_ != Phase::Replay ||
-      backward_depth_ > 0 || choice_.profile) {
+      !recording() || backward_depth_ > 0 || choice_.profile || traced(fn)) {
     return;
   }
   each_replayer([&](Replayer& r) { r.before_write(fn); });
@@ -276,7 +328,7 @@ void Agent::untracked_op(const at::RecordFunction& fn) {
 void Agent::op_end(const at::RecordFunction& fn) {
   if (fn.threadId() != owner_.load(std::memory_order_relaxed)) return;
   restore_pack_hooks();
-  if (inert_ || recorder_.current_op() < 0) return;
+  if (inert_ || !recording() || recorder_.current_op() < 0) return;
   OverheadTimer timer(&recorder_);
   const int64_t op = recorder_.current_op();
   if (timing_device_) device_timer_.op_end(forward_op_id(op));  // first thing
@@ -565,11 +617,11 @@ void Agent::backward_begin(bool keeps_graph) {
   ++backward_depth_;
   node_thread_.store(0, std::memory_order_relaxed);  // no node of this backward has run yet
   restore_pack_hooks();  // a backward inside a forward op (a Python-kernel custom op)
-  if (!undecided_.empty()) decide_kind(undecided_.front());  // the forward ran alike for them all
+  if (!undecided_.empty() && recording()) decide_kind(undecided_.front());  // the forward ran alike for them all
   // Forward ops are ignored during backward (op_start): stop the dispatcher boxing the arguments
   // of every aten op the backward runs, only for us to drop them.
   pause_forward_ops(true);
-  if (recorder_.in_step()) {
+  if (recording() && recorder_.in_step()) {
     OverheadTimer timer(&recorder_);
     recorder_.begin_backward();
   }
@@ -609,6 +661,7 @@ bool Agent::backward_end() {
     }
     stop_observing();
   }
+  if (failed_.load(std::memory_order_relaxed) && phase_ != Phase::Done) stop_after_failure();
   if (recording() && recorder_.in_step()) {
     Profile p = recorder_.end_step();
     if (replayer_) p.overhead_us += static_cast<double>(replayer_->take_hook_ns()) / 1000.0;

@@ -43,6 +43,7 @@ class Agent final : public OpSink {
   void node_start(const at::RecordFunction& fn) override;
   void node_end(const at::RecordFunction& fn) override;
   void quiet_stretch_unwound() override;
+  void callback_failed(const std::exception& e) override;
   // Default saved-tensor hooks (called with the GIL held, from the op's autograd kernel).
   Saved pack(const at::Tensor& t);
   // The shim pushed our hooks (again): remember which stack entry is ours.
@@ -204,6 +205,10 @@ class Agent final : public OpSink {
   bool foreign_node(const at::RecordFunction& fn) const;
   Phase phase_ = Phase::Off;
   bool inert_ = false;
+  // A callback threw (callback_failed): nothing more is recorded or planned; the step ends as
+  // plain PyTorch and observing stops at its backward's end (stop_after_failure).
+  std::atomic<bool> failed_{false};
+  void stop_after_failure();
   bool finished_ = false;
   int64_t steps_ = 0;             // completed steps (backward returned)
   bool cuda_unmeasured_ = false;  // a step on a GPU whose memory cannot be measured: stop

@@ -54,18 +54,29 @@ void restore(bool* off) {
 // dispatcher for its children (aten::t, aten::addmm) with seqNr >= 0 too: only depth 0 is the op
 // the user dispatched. Ops called inside kernels (addmm's internal expand/copy_) have seqNr -1
 // and are ignored (design.md 3b.2).
+// Runs one sink call; what it throws goes to the sink, not to RecordFunction. Cost: none unless
+// it throws (zero-cost exception tables).
+template <typename Call>
+void guarded(OpSink* sink, Call&& call) {
+  try {
+    call();
+  } catch (const std::exception& e) {
+    sink->callback_failed(e);
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (tl_agent_scope) return nullptr;
   OpSink* sink = g_sink.load(std::memory_order_acquire);
   if (sink == nullptr) return nullptr;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
-    sink->node_start(fn);
+    guarded(sink, [&] { sink->node_start(fn); });
     return nullptr;
   }
   if (fn.seqNr() < 0) {
     // The dispatcher numbers ops only with grad mode on: this is a no_grad op (or a child of a
     // recorded op, which tl_depth tells).
-    if (tl_depth == 0 && !at::GradMode::is_enabled()) sink->untracked_op(fn);
+    if (tl_depth == 0 && !at::GradMode::is_enabled()) guarded(sink, [&] { sink->untracked_op(fn); });
     return nullptr;
   }
   if (tl_depth++ == 0) {
@@ -75,7 +86,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     // against 72 top-level ops (most other unrecorded ops are the optimizer's: quiet_ops_begin).
     // A started RecordFunction keeps its callbacks, so this op's end still reaches on_end.
     silence_if_alone(&tl_children_off);
-    sink->op_start(fn);
+    guarded(sink, [&] { sink->op_start(fn); });
   }
   return nullptr;
 }
@@ -85,13 +96,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   OpSink* sink = g_sink.load(std::memory_order_acquire);
   if (sink == nullptr) return;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
-    sink->node_end(fn);
+    guarded(sink, [&] { sink->node_end(fn); });
     return;
   }
   if (fn.seqNr() < 0) return;
   if (tl_depth > 0 && --tl_depth == 0) {
     restore(&tl_children_off);
-    sink->op_end(fn);
+    guarded(sink, [&] { sink->op_end(fn); });
   }
 }
 

@@ -5,6 +5,8 @@
 
 #include <ATen/record_function.h>
 
+#include <exception>
+
 namespace memplan {
 
 class OpSink {
@@ -21,6 +23,10 @@ class OpSink {
   // optimizer step raised after its pre hook, so its post hook (quiet_ops_end) never runs. The
   // stretch is still on; the sink ends it.
   virtual void quiet_stretch_unwound() {}
+  // One of the calls above threw (caught here: an exception that reaches RecordFunction is only
+  // printed, with a stack trace, for every op after it). May come from any thread that runs ops
+  // or nodes.
+  virtual void callback_failed(const std::exception& e) = 0;
 };
 
 struct CallbackNeeds {

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,10 +21,14 @@ namespace {
 struct CountingSink : memplan::OpSink {
   std::vector<std::string> started, ended;
   std::vector<bool> rf_enabled_inside;  // at::isRecordFunctionEnabled() seen in op_start
+  bool throw_at_start = false;  // op_start throws, as a tensor the recorder cannot describe made it
+  std::vector<std::string> failures;
   void op_start(const at::RecordFunction& fn) override {
     started.emplace_back(fn.name());
     rf_enabled_inside.push_back(at::isRecordFunctionEnabled());
+    if (throw_at_start) throw std::runtime_error("cannot describe it");
   }
+  void callback_failed(const std::exception& e) override { failures.emplace_back(e.what()); }
   void op_end(const at::RecordFunction& fn) override { ended.emplace_back(fn.name()); }
   void node_start(const at::RecordFunction&) override {}
   void node_end(const at::RecordFunction&) override {}
@@ -93,6 +98,14 @@ TEST_F(OpCallbacks, TopLevelOpOnceAndChildrenSkipRecordFunctionWhenAlone) {
   EXPECT_EQ(sink_.ended, std::vector<std::string>{"aten::linear"});
   EXPECT_FALSE(sink_.rf_enabled_inside[0]);  // off for linear's children
   EXPECT_TRUE(at::isRecordFunctionEnabled());  // and back on after it
+}
+
+TEST_F(OpCallbacks, WhatTheSinkThrowsGoesBackToItAndTheOpStillEnds) {
+  sink_.throw_at_start = true;
+  run_linear();  // nothing reaches RecordFunction (which would print it for every op after)
+  EXPECT_EQ(sink_.failures, std::vector<std::string>{"cannot describe it"});
+  EXPECT_EQ(sink_.ended, std::vector<std::string>{"aten::linear"});
+  EXPECT_TRUE(at::isRecordFunctionEnabled());  // the children's silence ended with the op
 }
 
 TEST_F(OpCallbacks, NoGradOpsReachTheSinkAsUntrackedOnly) {
