@@ -107,11 +107,11 @@ class Replayer {
     if (!any_size_) ++stats_.family_steps;
     any_size_ = true;
   }
-  // This step is another kind's after all (Agent::narrow_kinds): drop what it recorded of it.
-  // Only before first_action_op()'s end, so nothing was evicted, held or hooked.
   // Evicts nothing more this step and runs no planned recompute: what it evicted is rebuilt when
   // backward reads it (Agent::callback_failed). Its record is not used.
   void give_up() { diverged_ = true; }
+  // This step is another kind's after all (Agent::narrow_kinds): drop what it recorded of it.
+  // Only before first_action_op()'s end, so nothing was evicted, held or hooked.
   void abandon_step() {
     if (any_size_) --stats_.family_steps;
     begin_step();

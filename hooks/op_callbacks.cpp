@@ -20,6 +20,17 @@ thread_local int tl_agent_scope = 0;
 thread_local bool tl_children_off = false;  // RecordFunction off for the current op's children
 thread_local bool tl_quiet = false;         // RecordFunction off for a quiet stretch
 
+// Runs one sink call; what it throws goes to the sink, not to RecordFunction. Cost: none unless
+// it throws (zero-cost exception tables).
+template <typename Call>
+void guarded(OpSink* sink, Call&& call) {
+  try {
+    call();
+  } catch (const std::exception& e) {
+    sink->callback_failed(e);
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn);
 
 // Whether every FUNCTION-scope observer active on this thread is ours. Then nothing else watches
@@ -54,17 +65,6 @@ void restore(bool* off) {
 // dispatcher for its children (aten::t, aten::addmm) with seqNr >= 0 too: only depth 0 is the op
 // the user dispatched. Ops called inside kernels (addmm's internal expand/copy_) have seqNr -1
 // and are ignored (design.md 3b.2).
-// Runs one sink call; what it throws goes to the sink, not to RecordFunction. Cost: none unless
-// it throws (zero-cost exception tables).
-template <typename Call>
-void guarded(OpSink* sink, Call&& call) {
-  try {
-    call();
-  } catch (const std::exception& e) {
-    sink->callback_failed(e);
-  }
-}
-
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (tl_agent_scope) return nullptr;
   OpSink* sink = g_sink.load(std::memory_order_acquire);
