@@ -642,6 +642,12 @@ void Replayer::evict_after(int64_t op) {
       if (s.source.kind == TensorSource::Kind::External || !rebuildable(s.source)) {
         ++stats_.not_rebuildable;
         ++refused_;
+        if (under_script_mode()) {  // a TLS read, on this rare path only
+          log_once("dispatch-mode", LogLevel::Warn,
+                   "a replayed step runs under a TorchDispatchMode the script entered (its own, FlopCounterMode, "
+                   "selective activation checkpointing's): memplan does not re-run an op a mode saw, so values "
+                   "the plan evicts are kept in such a step, whose peak may pass the plan's");
+        }
         return;
       }
       if (changed) {

@@ -33,6 +33,9 @@ def parse():
     p.add_argument("--eval-every", type=int, default=0, help="a torch.no_grad() eval pass every N steps")
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around each GPT-2 block (hf-*: the model's own "
                         "gradient_checkpointing_enable())")
+    p.add_argument("--sac", nargs="?", const="default", choices=["default", "respect"],
+                   help="GPT-2: selective activation checkpointing around each block (matrix products saved, the rest "
+                        "recomputed); respect: with respect_saved_tensors_hooks=True")
     p.add_argument("--torch-profiler", action="store_true", help="run step 1 under torch.profiler.profile()")
     p.add_argument("--torch-profiler-step", type=int, default=-1,
                    help="run this step under torch.profiler.profile() and print the op names it saw (stderr)")
@@ -396,6 +399,23 @@ def release_after_forward(w, module):
     module.register_forward_hook(release)
 
 
+def sac_wrapped(forward, respect):
+    """forward under selective activation checkpointing, as a user sets it up: the outputs of
+    matrix products saved, everything else recomputed in backward."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    extra = {"respect_saved_tensors_hooks": True} if respect else {}
+    context = functools.partial(create_selective_checkpoint_contexts, policy)
+    return lambda x: checkpoint(forward, x, use_reentrant=False, context_fn=context, **extra)
+
+
 def main():
     args = parse()
     if args.distributed:
@@ -439,6 +459,9 @@ def main():
 
         for blk in inner.blocks:
             blk.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(blk.forward)
+    if args.sac and hasattr(inner, "blocks"):
+        for blk in inner.blocks:
+            blk.forward = sac_wrapped(blk.forward, respect=args.sac == "respect")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     # (An optimizer stepped in backward would step on scaled gradients: no scaler with it.)
     scaler = (torch.amp.GradScaler(torch.device(args.device).type)

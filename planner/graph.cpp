@@ -315,16 +315,29 @@ std::string unrebuildable_note(const Graph& g) {
                              format_bytes(g.side_stream_bytes))
                : "";
   if (g.unrebuildable_bytes == 0) return g.side_stream_bytes > 0 ? side : "";
+  // So are the ops run under a TorchDispatchMode of the script's: aten ops, named for no reason.
+  int64_t moded = 0;
   std::vector<std::string> names;
   for (int64_t i = 0; i < g.n_fwd; ++i) {
-    const std::string& n = g.prof->forward[i].name;
-    if (!g.rerunnable[i] && !g.prof->forward[i].side_stream && std::find(names.begin(), names.end(), n) == names.end())
-      names.push_back(n);
+    const Op& op = g.prof->forward[i];
+    if (g.rerunnable[i] || op.side_stream) continue;
+    if (op.dispatch_mode) {
+      ++moded;
+    } else if (std::find(names.begin(), names.end(), op.name) == names.end()) {
+      names.push_back(op.name);
+    }
   }
-  if (names.empty())  // only a side stream's ops stand in the way
+  std::string apart = side;
+  if (moded > 0) {
+    apart += fmt::format("{}{} forward op(s) run under a TorchDispatchMode the script entered (its own, "
+                         "FlopCounterMode, selective activation checkpointing's) are not re-run: the mode may change "
+                         "what they compute",
+                         apart.empty() ? "" : "; ", moded);
+  }
+  if (names.empty())  // only ops named apart stand in the way
     return fmt::format("{} of saved activations cannot be evicted: rebuilding them would need forward ops memplan "
                        "does not re-run; {}",
-                       format_bytes(g.unrebuildable_bytes), side);
+                       format_bytes(g.unrebuildable_bytes), apart);
   std::string list;
   for (size_t k = 0; k < names.size() && k < 3; ++k) list += (k ? ", " : "") + names[k];
   if (names.size() > 3) list += fmt::format(" and {} more", names.size() - 3);
@@ -355,7 +368,7 @@ std::string unrebuildable_note(const Graph& g) {
       only_nondet              ? ""
       : nondet != names.end()  ? ": a torch.compile'd graph, a custom autograd.Function or a nondeterministic kernel"
                                : ": a torch.compile'd graph or a custom autograd.Function",
-      hints) + (side.empty() ? "" : "; " + side);
+      hints) + (apart.empty() ? "" : "; " + apart);
 }
 
 std::vector<int64_t> Graph::compaction_candidates() const {

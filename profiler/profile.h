@@ -63,6 +63,8 @@ struct Op {
   bool side_stream = false;         // forward ops: ran on a stream other than its device's default
                                     // (`with torch.cuda.stream(s)`): not re-run, and nothing it
                                     // reads is evicted (planner/graph.cpp)
+  bool dispatch_mode = false;       // forward ops: ran under a TorchDispatchMode of the script's
+                                    // (under_script_mode): not re-run (rerun_handle.h)
   std::vector<int64_t> writes;      // forward ops: input values its schema lets it write in place
                                     // (relu_'s self, batch_norm's running stats; op_writes.h)
 };

@@ -67,6 +67,7 @@ json op_to_json(const Op& op) {
   if (!op.packs.empty()) j["packs"] = op.packs;
   if (!op.rerunnable) j["rerunnable"] = false;
   if (op.side_stream) j["side_stream"] = true;
+  if (op.dispatch_mode) j["dispatch_mode"] = true;
   if (!op.writes.empty()) j["writes"] = op.writes;
   return j;
 }
@@ -106,6 +107,7 @@ void op_from_json(const json& j, Op* op) {
   op->random = j.value("random", false);
   op->rerunnable = j.value("rerunnable", true);
   op->side_stream = j.value("side_stream", false);
+  op->dispatch_mode = j.value("dispatch_mode", false);
   for (const auto& t : j.value("inputs", json::array())) tensor_from_json(t, &op->inputs.emplace_back());
   for (const auto& t : j.value("outputs", json::array())) tensor_from_json(t, &op->outputs.emplace_back());
   op->packs = j.value("packs", std::vector<int64_t>());

@@ -253,6 +253,7 @@ void Recorder::op_start(const at::RecordFunction& fn) {
   op.thread = fn.threadId();
   op.random = current_random_ = is_random(fn);
   op.side_stream = on_side_stream(fn.inputs());  // also makes rerun_handle refuse it
+  op.dispatch_mode = under_script_mode();        // so does this
   op.rerunnable = rerun_handle(fn).has_value();
   drew_unmarked_ = false;
   watching_rng_ = !op.random;

@@ -6,14 +6,18 @@
 // argument. Not re-runnable: a Python autograd.Function (torch.compile's CompiledFunction, a user's
 // custom Function: a RecordFunction named after the class, no operator), an op whose inputs do
 // not match its schema, or an op whose re-run may not reproduce its first run's bits
-// (op_determinism.h: index_add_ on a GPU without deterministic algorithms), or an op called on a
-// side stream (side_stream_of). Their saved tensors can only be kept.
+// (op_determinism.h: index_add_ on a GPU without deterministic algorithms), an op called on a
+// side stream (side_stream_of), or an op called under a script's own TorchDispatchMode (it may
+// change what the op computes, as a mode rounding every output does, or count its calls; a re-run
+// outside the mode gave other bits, one inside it a call the script did not make). Their saved
+// tensors can only be kept.
 #pragma once
 
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <atomic>
 #include <optional>
@@ -126,13 +130,20 @@ inline c10::Device rng_device(c10::ArrayRef<c10::IValue> inputs) { return CallDe
 // arguments, then side_stream_of for a call off the CPU.
 inline bool on_side_stream(c10::ArrayRef<c10::IValue> inputs) { return CallDevice::of(inputs).side_stream(); }
 
+// Whether the running op runs under a TorchDispatchMode the script entered (FlopCounterMode, a
+// numerics emulation): torch's own tracing modes (fake, proxy, functional) are infra modes, not
+// counted. Cost: a TLS read.
+inline bool under_script_mode() { return c10::impl::TorchDispatchModeTLS::any_modes_set(/*skip_infra_modes=*/true); }
+
 // The checks past the lookup: the call carries every argument of `op`'s schema, and its re-run
 // reproduces its bits under the deterministic-algorithms mode as it is set now (a script that
 // turns deterministic algorithms off after the profile gets no recipe for those ops: their
-// values are kept, as for any op without one). Cost: a size compare, and under nondeterministic
-// algorithms a scan of op_determinism's list, and on_side_stream (a call on a side stream is not
-// re-run: see side_stream_of).
+// values are kept, as for any op without one), outside any TorchDispatchMode of the script's
+// (torch.compile's tracing modes never reach here: Agent's traced()). Cost: a TLS read, a size
+// compare, and under nondeterministic algorithms a scan of op_determinism's list, and
+// on_side_stream (a call on a side stream is not re-run: see side_stream_of).
 inline bool rerunnable_call(const c10::OperatorHandle& op, const at::RecordFunction& fn) {
+  if (under_script_mode()) return false;
   if (fn.inputs().size() != op.schema().arguments().size()) return false;  // kwarg-only oddities
   if (on_side_stream(fn.inputs())) return false;
   const DeterminismMode mode = determinism_mode();

@@ -40,7 +40,7 @@ GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-d
         "--torch-profiler", "--backward-in-user-hooks", "--log-grads", "--shift-buffer data",
         "--seq-random 64,48,32", "--workers 2", "--backward-raises-at 4", "--optimizer-raises-at 5",
         "--side-thread", "--log-grads-until 4", "--zero-grad-late", "--side-copies-until 4",
-        "--weight-norm", "--spectral-norm", "--compile-mlp"] + GRADS
+        "--weight-norm", "--spectral-norm", "--compile-mlp", "--sac", "--sac respect"] + GRADS
 # Hugging Face models (examples/models.py HUGGINGFACE): the flags that do not reach into the
 # zoo's own GPT-2 (its blocks, position table, buffers).
 HF = ["--sdpa", "--checkpoint", "--autocast", "--accum 2", "--eval-every 3", "--seq-change-at 5", "--masked-loss",

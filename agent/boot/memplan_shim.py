@@ -91,6 +91,22 @@ def install(torch, agent):
     functools.update_wrapper(disable_saved_tensors_hooks, real_disable)
     torch.autograd.graph.disable_saved_tensors_hooks = disable_saved_tensors_hooks
 
+    # Selective activation checkpointing (checkpoint(..., context_fn=...)) looks for the user's
+    # saved-tensor hooks around its region: it warns (a FutureWarning a plain run does not print)
+    # and, with respect_saved_tensors_hooks=True, sends the tensors it caches through them. Ours
+    # are not the user's, and a checkpoint region is left to checkpoint: SAC does not see them.
+    # Ours are pushed first on their thread, so nothing of the user's lies beneath them.
+    import torch.utils.checkpoint as checkpoint_module
+    real_user_hooks = getattr(checkpoint_module, "_current_user_saved_tensors_hooks", None)
+    if real_user_hooks is not None:  # older torch: no such lookup, nothing to hide from
+
+        def current_user_saved_tensors_hooks():
+            hooks = real_user_hooks()
+            return None if hooks is not None and hooks[0] is pack else hooks
+
+        functools.update_wrapper(current_user_saved_tensors_hooks, real_user_hooks)
+        checkpoint_module._current_user_saved_tensors_hooks = current_user_saved_tensors_hooks
+
     # An optimizer step records nothing (no grad mode): the agent turns RecordFunction off for it,
     # so its hundreds of ops skip our observer (measured: ~5% of a dispatch-bound GPT-2 step).
     try:

@@ -232,6 +232,28 @@ def test_coexistence_with_a_budget(runner, plain_runs, extra):
     p, report = identical_replay(runner, plain_runs, "gpt2", "50%", extra)
 
 
+# Selective activation checkpointing (--sac: matrix products saved, the rest recomputed) looks
+# for the user's saved-tensor hooks around its region. It found ours: a FutureWarning a plain run
+# does not print, and with respect_saved_tensors_hooks=True the tensors it caches went through our
+# pack hook (41 saved storages in the profile instead of 17), where its own check of a cached
+# tensor modified in place (and allow_cache_entry_mutation) no longer applied. Its regions are
+# left to it, as every checkpoint region: it does not see our hooks.
+def test_selective_checkpoint_regions_are_left_to_it(runner, plain_runs):
+    import inspect
+
+    from torch.utils.checkpoint import checkpoint
+
+    respect = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters  # not in torch 2.13
+    packs = {"respect": None}
+    for sac in (["--sac"], ["--sac", "respect"])[:2 if respect else 1]:
+        p, report = identical_replay(runner, plain_runs, "gpt2", "50%", sac, env={"MEMPLAN_PROFILE_OUT": "p.json"})
+        assert "around a selective activation checkpoint region" not in p.stderr and "FutureWarning" not in p.stderr
+        assert report["replay"] and report["replay"][0]["steps"] >= 8
+        assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+        packs[sac[-1]] = sum(len(op.get("packs", [])) for op in load_profile(runner.tmp / "p.json")["forward"])
+    assert packs["--sac"] > 0 and packs["respect"] in (None, packs["--sac"])
+
+
 # Other ways a script takes its gradients: clipped before the optimizer step, or computed by
 # torch.autograd.grad and set into .grad by the script. Each backward still ends a step, as planned.
 @pytest.mark.parametrize("extra", [["--clip-grad"], ["--autograd-grad"]])
@@ -1224,6 +1246,31 @@ def test_an_op_the_recorder_cannot_describe_leaves_the_run_to_pytorch_with_one_m
     if late:
         replayed = json.loads((runner.tmp / "report.json").read_text())["replay"]
         assert sum(r["evicted"] for r in replayed) > 0
+
+
+@pytest.mark.parametrize("where", ["fwd", "bwd", "flops", "late"])
+def test_a_scripts_dispatch_mode_sees_no_rerun_and_changes_no_bit(runner, where):
+    # A TorchDispatchMode of the script's (dispatch_mode_step.py). Before: with a mode that
+    # rounds op outputs through bfloat16 around the forward only, the evicted values were rebuilt
+    # outside it, unrounded (other gradients); around the backward only, the rebuilds ran inside
+    # it and were rounded (other losses). Now an op run under a mode is not re-run (its values
+    # are kept), and a re-run runs under no mode. FlopCounterMode's count (stdout) is the plain
+    # run's: it is not shown our re-runs.
+    script = ROOT / "tests" / "integration" / "dispatch_mode_step.py"
+    plain = runner.run([where, "plain.pt"], script=script)
+    p = runner.run([where, "agent.pt"], mode="launcher", script=script,
+                   env={"MEMPLAN_BUDGET": "50%", "MEMPLAN_REPORT": "report.json"})
+    assert p.stdout == plain.stdout
+    assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
+    replayed = json.loads((runner.tmp / "report.json").read_text())["replay"]
+    if where == "bwd":  # rebuilt while the backward runs under the mode
+        assert sum(r["evicted"] for r in replayed) > 0
+    elif where == "late":  # planned without the mode: kept from step 6 on, with one message
+        assert sum(r["evicted"] for r in replayed) > 0 and sum(r["not_rebuildable"] for r in replayed) > 0
+        assert p.stderr.count("under a TorchDispatchMode the script entered") == 1
+    else:  # every op ran under the mode: nothing can be rebuilt, and the message says why
+        assert "forward op(s) run under a TorchDispatchMode the script entered" in p.stderr
+        assert sum(r["evicted"] for r in replayed) == 0
 
 
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):

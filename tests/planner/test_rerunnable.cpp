@@ -142,6 +142,21 @@ TEST(Rerunnable, PlansAtEveryBudgetLeaveTheOpaqueOpAloneAndStillSave) {
   EXPECT_LT(pl.min_feasible(), pl.unplanned_peak());
 }
 
+// An aten op run under a TorchDispatchMode of the script's (Op::dispatch_mode, so not re-runnable):
+// the note counts such ops apart instead of naming them as if they were custom Functions.
+TEST(Rerunnable, OpsRunUnderAScriptsDispatchModeAreCountedApartInTheNote) {
+  OpaqueMlp t;
+  t.p.forward[OpaqueMlp::kFunction].name = "aten::mul";
+  t.p.forward[OpaqueMlp::kFunction].dispatch_mode = true;
+  const Graph g = t.graph();
+  EXPECT_EQ(g.unrebuildable_bytes, g.bytes(t.y) + g.bytes(t.k));
+  const std::string note = unrebuildable_note(g);
+  EXPECT_NE(note.find("1 forward op(s) run under a TorchDispatchMode the script entered"), std::string::npos) << note;
+  EXPECT_EQ(note.find("aten::mul"), std::string::npos) << note;
+  EXPECT_EQ(note.find("custom autograd.Function"), std::string::npos) << note;
+  EXPECT_NE(note.find("2.00 MiB"), std::string::npos) << note;
+}
+
 // An aten op that may not be re-run (a nondeterministic kernel without deterministic algorithms:
 // profiler/op_determinism.h). The replay registers none of its outputs, so a recipe that reads
 // one holds it to the step's end, like a custom Function's result: the simulator counts that, and

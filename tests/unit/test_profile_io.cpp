@@ -62,6 +62,8 @@ Profile sample() {
   relu.peak = 3000;
   relu.random = true;
   relu.rerunnable = false;  // as a custom autograd.Function would be
+  lin.dispatch_mode = true;  // as under FlopCounterMode
+  lin.side_stream = true;
   p.forward = {lin, relu};
 
   Op bw;
@@ -98,6 +100,8 @@ void expect_op_eq(const Op& a, const Op& b) {
   EXPECT_EQ(a.peak, b.peak);
   EXPECT_EQ(a.random, b.random);
   EXPECT_EQ(a.rerunnable, b.rerunnable);
+  EXPECT_EQ(a.side_stream, b.side_stream);
+  EXPECT_EQ(a.dispatch_mode, b.dispatch_mode);
   ASSERT_EQ(a.inputs.size(), b.inputs.size());
   for (size_t i = 0; i < a.inputs.size(); ++i) expect_tensor_eq(a.inputs[i], b.inputs[i]);
   ASSERT_EQ(a.outputs.size(), b.outputs.size());
