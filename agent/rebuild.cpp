@@ -32,14 +32,16 @@ constexpr int kMaxDepth = 4000;  // a rebuild chain longer than the step itself 
 
 // Restores a forward op's thread-local state around its re-run: grad mode on (the original ran
 // with autograd, which is what makes it pack internal tensors), its autocast state, its RNG
-// state, and no TorchDispatchMode (no op that ran under one is re-run: rerunnable_call; a
-// backward run under a script's mode must not see our re-runs, which a mode that rounds its ops'
-// outputs would change), leaving the user's RNG stream, autocast state and modes as they were.
+// state, the kernel choice it ran under (kernel_choice.h: SDPA backends, cuDNN...), and no
+// TorchDispatchMode (no op that ran under one is re-run: rerunnable_call; a backward run under a
+// script's mode must not see our re-runs, which a mode that rounds its ops' outputs would
+// change), leaving the user's RNG stream, autocast state, kernel choice and modes as they were.
 class RerunState {
  public:
   RerunState(const std::vector<std::pair<at::Generator, at::Tensor>>& rng, bool cpu_ac,
-             at::ScalarType cpu_dt, bool cuda_ac, at::ScalarType cuda_dt)
+             at::ScalarType cpu_dt, bool cuda_ac, at::ScalarType cuda_dt, const KernelChoice& kernels)
       : grad_(true),
+        kernels_(kernels),
         cpu_ac_(at::autocast::is_autocast_enabled(at::kCPU)),
         cuda_ac_(at::autocast::is_autocast_enabled(at::kCUDA)),
         cpu_dt_(at::autocast::get_autocast_dtype(at::kCPU)),
@@ -80,6 +82,7 @@ class RerunState {
 
  private:
   at::AutoGradMode grad_;
+  KernelChoiceScope kernels_;
   bool cpu_ac_, cuda_ac_;
   at::ScalarType cpu_dt_, cuda_dt_;
   bool cache_;
@@ -469,7 +472,7 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
     // inside an op whose own packs bypass them (Agent::op_start) and during backward, when the
     // shim has taken them off the stack.
     pack_hooks::OnTop hooks;
-    RerunState state(r.rng, r.autocast_cpu, r.autocast_cpu_dtype, r.autocast_cuda, r.autocast_cuda_dtype);
+    RerunState state(r.rng, r.autocast_cpu, r.autocast_cpu_dtype, r.autocast_cuda, r.autocast_cuda_dtype, r.kernels);
     std::vector<at::Tensor>* outer = tl_capture;
     tl_capture = &packs;
     try {
@@ -515,6 +518,16 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
 
 void Replayer::rebuild(SavedState& s, Memo& memo) {
   at::Tensor t = resolve(s.source, memo, 0);
+  // A re-run that took another kernel than its forward (a setting it depends on that RerunState
+  // does not restore) may save other tensors: one clear error, not a backward fed wrong ones
+  // ("batch1 must be a 3D tensor" when SDPA's backend changed). Cost: a size compare.
+  if (t.defined() && (t.sizes() != c10::IntArrayRef(s.meta_sizes) || t.scalar_type() != s.meta_dtype)) {
+    throw std::runtime_error(fmt::format(
+        "memplan: re-running forward op {} gave a saved tensor of {} {} where the forward saved {} {}: the op "
+        "took another kernel than in the forward; MEMPLAN_DISABLE=1 runs without memplan",
+        s.op, c10::toString(t.scalar_type()), c10::str(t.sizes()), c10::toString(s.meta_dtype),
+        c10::str(c10::IntArrayRef(s.meta_sizes))));
+  }
   s.tensor = t.defined() ? t.detach() : t;
   s.evicted = false;
   ++stats_.rebuilt;

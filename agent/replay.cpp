@@ -432,6 +432,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool rand
   r.autocast_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
   r.autocast_cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
   r.autocast_cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  r.kernels = KernelChoice::now();
 }
 
 void Replayer::on_pack(const std::shared_ptr<SavedState>& s, const at::Tensor& t, int64_t step_op) {

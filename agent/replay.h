@@ -25,6 +25,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "agent/kernel_choice.h"
 #include "agent/saved.h"
 #include "planner/plan.h"
 #include "profiler/op_sequence.h"
@@ -183,6 +184,7 @@ class Replayer {
     std::vector<std::pair<at::Generator, at::Tensor>> rng;  // generator, its state at op start
     bool autocast_cpu = false, autocast_cuda = false;
     at::ScalarType autocast_cpu_dtype = at::kBFloat16, autocast_cuda_dtype = at::kHalf;
+    KernelChoice kernels;  // SDPA backends, cuDNN/oneDNN on or off, as the op ran
   };
   // One output of a forward op. The Python-visible tensor often dies right after forward while
   // its storage lives on in a saved alias: then the output is re-viewed from that storage.

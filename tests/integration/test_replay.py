@@ -1273,6 +1273,23 @@ def test_a_scripts_dispatch_mode_sees_no_rerun_and_changes_no_bit(runner, where)
         assert sum(r["evicted"] for r in replayed) == 0
 
 
+@pytest.mark.parametrize("budget", ["50%", "1%"])
+def test_a_kernel_choice_scoped_to_the_forward_holds_for_its_reruns(runner, budget):
+    # sdpa_math_step.py: the forward under sdpa_kernel(SDPBackend.MATH), the backward outside it.
+    # The re-runs in backward took the CPU's fused (flash) kernel instead of the math
+    # decomposition, which saves other tensors, and the script died in backward ("batch1 must be
+    # a 3D tensor"). A recipe keeps the kernel choice its op ran under (agent/kernel_choice.h).
+    script = ROOT / "tests" / "integration" / "sdpa_math_step.py"
+    plain = runner.run(["plain.pt"], script=script)
+    p = runner.run(["agent.pt"], mode="launcher", script=script,
+                   env={"MEMPLAN_BUDGET": budget, "MEMPLAN_REPORT": "report.json"})
+    assert p.stdout == plain.stdout
+    assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
+    report = json.loads((runner.tmp / "report.json").read_text())
+    assert report["replay"] and report["replay"][0]["evicted"] > 0
+    assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))
