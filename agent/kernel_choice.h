@@ -1,6 +1,8 @@
 // The process-wide settings that choose which kernels a composite op runs: the scaled-dot-product
 // attention backends enabled and their priority order (torch.nn.attention.sdpa_kernel), math
-// SDPA's reduced-precision reduction, cuDNN and oneDNN on or off (torch.backends.*.flags()).
+// SDPA's reduced-precision reduction, cuDNN and oneDNN on or off, deterministic, cuDNN's
+// benchmark mode (torch.backends.cudnn.flags(), torch.backends.mkldnn.flags()). Not the float32
+// precision settings (TF32): their getters resolve defaults a setter would then pin.
 //
 // A script may set them around its forward only (`with sdpa_kernel(SDPBackend.MATH):`). A re-run
 // in backward, outside that scope, then took another kernel: on the CPU, SDPA's flash kernel
@@ -25,8 +27,9 @@ struct KernelChoice {
   bool flash = true, fa3 = false, mem_efficient = true, math = true, cudnn_sdp = true, overrideable = true;
   bool math_reduced_precision = false;
   bool cudnn = true, mkldnn = true;
+  bool cudnn_benchmark = false, cudnn_deterministic = false, mkldnn_deterministic = false;
 
-  // Cost: a dozen reads of the global context (no lock).
+  // Cost: fifteen reads of the global context (no lock), once per op that gets a recipe.
   static KernelChoice now() {
     const at::Context& c = at::globalContext();
     KernelChoice k;
@@ -40,6 +43,9 @@ struct KernelChoice {
     k.math_reduced_precision = c.allowFP16BF16ReductionMathSDP();
     k.cudnn = c.userEnabledCuDNN();
     k.mkldnn = c.userEnabledMkldnn();
+    k.cudnn_benchmark = c.benchmarkCuDNN();
+    k.cudnn_deterministic = c.deterministicCuDNN();
+    k.mkldnn_deterministic = c.deterministicMkldnn();
     return k;
   }
 
@@ -57,12 +63,17 @@ struct KernelChoice {
     c.setAllowFP16BF16ReductionMathSDP(math_reduced_precision);
     c.setUserEnabledCuDNN(cudnn);
     c.setUserEnabledMkldnn(mkldnn);
+    c.setBenchmarkCuDNN(cudnn_benchmark);
+    c.setDeterministicCuDNN(cudnn_deterministic);
+    c.setDeterministicMkldnn(mkldnn_deterministic);
   }
 
   bool operator==(const KernelChoice& o) const {
     return sdp_order == o.sdp_order && flash == o.flash && fa3 == o.fa3 && mem_efficient == o.mem_efficient &&
            math == o.math && cudnn_sdp == o.cudnn_sdp && overrideable == o.overrideable &&
-           math_reduced_precision == o.math_reduced_precision && cudnn == o.cudnn && mkldnn == o.mkldnn;
+           math_reduced_precision == o.math_reduced_precision && cudnn == o.cudnn && mkldnn == o.mkldnn &&
+           cudnn_benchmark == o.cudnn_benchmark && cudnn_deterministic == o.cudnn_deterministic &&
+           mkldnn_deterministic == o.mkldnn_deterministic;
   }
   bool operator!=(const KernelChoice& o) const { return !(*this == o); }
 };

@@ -17,6 +17,7 @@ TEST(KernelChoice, AScopeRunsUnderTheRecordedChoiceAndPutsTheScriptsBack) {
   c.setSDPUseMemEfficient(false);
   c.setSDPUseCuDNN(false);
   c.setUserEnabledCuDNN(false);
+  c.setDeterministicCuDNN(!c.deterministicCuDNN());
   const KernelChoice forward = KernelChoice::now();
   EXPECT_NE(forward, script);
   script.apply();  // the forward's scope ended
@@ -27,6 +28,7 @@ TEST(KernelChoice, AScopeRunsUnderTheRecordedChoiceAndPutsTheScriptsBack) {
     EXPECT_FALSE(c.userEnabledMemEfficientSDP());
     EXPECT_TRUE(c.userEnabledMathSDP());
     EXPECT_FALSE(c.userEnabledCuDNN());
+    EXPECT_NE(c.deterministicCuDNN(), script.cudnn_deterministic);
     EXPECT_EQ(KernelChoice::now(), forward);
   }
   EXPECT_EQ(KernelChoice::now(), script);
