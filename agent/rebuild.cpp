@@ -119,7 +119,7 @@ bool released(const at::Tensor& t) {
 at::Tensor Replayer::external_as_captured(const TensorSource& src) const {
   if (!src.external.defined()) return src.external;
   const c10::TensorImpl* impl = src.external.unsafeGetTensorImpl();
-  if (src.external._version() == src.external_version && (overwritten_.empty() || !overwritten_.count(impl)) &&
+  if (version_of(src.external) == src.external_version && (overwritten_.empty() || !overwritten_.count(impl)) &&
       !released(src.external)) {
     return src.external;
   }
@@ -128,7 +128,7 @@ at::Tensor Replayer::external_as_captured(const TensorSource& src) const {
 }
 
 bool Replayer::written_unsnapshotted(const c10::TensorImpl* impl, const External& e) const {
-  return e.tensor.defined() && (e.tensor._version() != e.version || overwritten_.count(impl)) &&
+  return e.tensor.defined() && (version_of(e.tensor) != e.version || overwritten_.count(impl)) &&
          !snapshots_.count({impl, e.version});
 }
 
@@ -138,12 +138,39 @@ void Replayer::guard_external(const at::Tensor& t) {
   for (auto it = range.first; it != range.second; ++it) {
     auto e = externals_.find(it->second);
     if (e == externals_.end() || !e->second.tensor.defined()) continue;
-    const uint32_t now = e->second.tensor._version();
+    const uint32_t now = version_of(e->second.tensor);
     // Contents no recipe captured (written since, and not captured again) need no copy.
     if (e->second.last_version != now) continue;
     snapshot_external(e->second.tensor, now);
     overwritten_.insert(it->second);  // for a write that leaves the version alone (`.data`)
   }
+}
+
+uint32_t Replayer::version_of(const at::Tensor& t) const {
+  const uint32_t v = t._version();
+  if (unbumped_.empty()) return v;
+  const auto it = unbumped_.find(t.unsafeGetTensorImpl());
+  return it == unbumped_.end() ? v : v + it->second;
+}
+
+void Replayer::note_writes(const at::RecordFunction& fn) {
+  writing_.clear();
+  const std::vector<char>& w = writes_.of(fn);
+  if (w.empty()) return;
+  const auto inputs = fn.inputs();
+  for (size_t i = 0; i < inputs.size() && i < w.size(); ++i) {
+    if (!w[i]) continue;
+    for_each_tensor(inputs[i], [&](const at::Tensor& t) {
+      if (t.defined() && t.unsafeGetTensorImpl()->version_counter().enabled()) writing_.emplace_back(t, t._version());
+    });
+  }
+}
+
+void Replayer::count_unbumped_writes() {
+  for (const auto& [t, before] : writing_) {
+    if (t._version() == before) ++unbumped_[t.unsafeGetTensorImpl()];
+  }
+  writing_.clear();
 }
 
 void Replayer::before_write(const at::RecordFunction& fn) {

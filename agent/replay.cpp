@@ -217,6 +217,8 @@ void Replayer::begin_step(bool any_size) {
   externals_.clear();
   external_storage_.clear();
   overwritten_.clear();
+  unbumped_.clear();
+  writing_.clear();
   snapshots_.clear();
   value_slot_.clear();
   unhooked_.clear();
@@ -280,6 +282,7 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
   }
   auto ext = externals_.find(t.unsafeGetTensorImpl());
   if (ext != externals_.end() || unknown_is_external) {
+    const uint32_t version = version_of(t);  // an external's: counting writes that did not bump it
     src.kind = TensorSource::Kind::External;
     src.external = t;
     src.external_version = version;
@@ -349,6 +352,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool rand
   }
   if (static_cast<size_t>(op) >= slots_.size()) slots_.resize(op + 1);
   before_write(fn);
+  note_writes(fn);
   if (!unhooked_.empty()) look_again(fn);
   Recipe& r = recipes_[op];
   r = Recipe();
@@ -459,6 +463,7 @@ bool Replayer::rebuildable(const TensorSource& src) const {
 }
 
 void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool dropped, uint64_t hash, uint64_t structure) {
+  count_unbumped_writes();
   int64_t op = at(step_op);
   ahead_ = -1;
   if (op < 0 || static_cast<size_t>(op) >= recipes_.size()) return;

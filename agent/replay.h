@@ -342,6 +342,14 @@ class Replayer {
   // Externals written through a tensor that does not share their version counter (`.data`):
   // their version says nothing, a rebuild reads their snapshot.
   std::unordered_set<const c10::TensorImpl*> overwritten_;
+  // Writes an op's schema declares that left the version counter as it was: the CPU's
+  // fused_moving_avg_obs_fake_quant (QAT's default fake quantizer) updates its observer's running
+  // min/max, scale and zero point so. Counted per tensor this step and added to its version
+  // (version_of), so a recipe that captured a buffer before such a write reads its snapshot.
+  // Before, its re-run read the updated statistics (moving average taken twice: other scale,
+  // other mask, other gradients).
+  std::unordered_map<const c10::TensorImpl*, uint32_t> unbumped_;
+  std::vector<std::pair<at::Tensor, uint32_t>> writing_;  // the running op's written args, versions at start
   WritesByName writes_;  // per op name: which arguments it may write; empty if none
   // A write is about to land on `t`: copy every captured external sharing its storage whose
   // current contents a recipe captured.
@@ -360,6 +368,13 @@ class Replayer {
   std::unordered_set<const c10::TensorImpl*> written_externals_;
   std::unordered_set<const c10::TensorImpl*> refused_by_;  // this step's, for written_externals_
   at::Tensor external_as_captured(const TensorSource& src) const;
+  // An external's version as recipes count it: its counter's, plus the writes that did not bump
+  // it (unbumped_). Cost: a version read, and a hash lookup once any such write was seen.
+  uint32_t version_of(const at::Tensor& t) const;
+  // note_writes at an op's start, count_unbumped_writes at its end: see unbumped_. Cost: nothing
+  // for an op that writes no argument; else a version read per written tensor.
+  void note_writes(const at::RecordFunction& fn);
+  void count_unbumped_writes();
   // The external written since capture that a rebuild of `src` would read (an undefined tensor
   // for a chain that cannot be followed), or null.
   const at::Tensor* chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth);

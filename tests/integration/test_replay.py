@@ -1290,6 +1290,22 @@ def test_a_kernel_choice_scoped_to_the_forward_holds_for_its_reruns(runner, budg
     assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
 
 
+@pytest.mark.parametrize("budget", ["50%", "1%"])
+def test_quantization_aware_training_reruns_its_fake_quantizers_as_they_ran(runner, budget):
+    # qat_step.py: fused_moving_avg_obs_fake_quant updates its observer's running min/max, scale
+    # and zero point in place without bumping their versions. A re-run read the updated statistics
+    # (the moving average taken twice: another scale, another mask) and the first layer's
+    # gradients differed from the first replayed step on. Such writes now count as versions.
+    script = ROOT / "tests" / "integration" / "qat_step.py"
+    plain = runner.run(["plain.pt"], script=script)
+    p = runner.run(["agent.pt"], mode="launcher", script=script,
+                   env={"MEMPLAN_BUDGET": budget, "MEMPLAN_REPORT": "report.json"})
+    assert p.stdout == plain.stdout
+    assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
+    report = json.loads((runner.tmp / "report.json").read_text())
+    assert report["replay"] and sum(r["evicted"] for r in report["replay"]) > 0
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))
