@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 namespace memplan {
@@ -31,9 +32,9 @@ struct KernelChoice {
 
   // Cost: fifteen reads of the global context (no lock), once per op that gets a recipe.
   static KernelChoice now() {
-    const at::Context& c = at::globalContext();
+    at::Context& c = at::globalContext();  // sDPPriorityOrder is not const
     KernelChoice k;
-    k.sdp_order = const_cast<at::Context&>(c).sDPPriorityOrder();
+    k.sdp_order = c.sDPPriorityOrder();
     k.flash = c.userEnabledFlashSDP();
     k.fa3 = c.userEnabledFA3SDP();
     k.mem_efficient = c.userEnabledMemEfficientSDP();
@@ -68,13 +69,12 @@ struct KernelChoice {
     c.setDeterministicMkldnn(mkldnn_deterministic);
   }
 
-  bool operator==(const KernelChoice& o) const {
-    return sdp_order == o.sdp_order && flash == o.flash && fa3 == o.fa3 && mem_efficient == o.mem_efficient &&
-           math == o.math && cudnn_sdp == o.cudnn_sdp && overrideable == o.overrideable &&
-           math_reduced_precision == o.math_reduced_precision && cudnn == o.cudnn && mkldnn == o.mkldnn &&
-           cudnn_benchmark == o.cudnn_benchmark && cudnn_deterministic == o.cudnn_deterministic &&
-           mkldnn_deterministic == o.mkldnn_deterministic;
+  // Every field, for the comparisons: one list to extend with a new setting.
+  auto fields() const {
+    return std::tie(sdp_order, flash, fa3, mem_efficient, math, cudnn_sdp, overrideable, math_reduced_precision, cudnn,
+                    mkldnn, cudnn_benchmark, cudnn_deterministic, mkldnn_deterministic);
   }
+  bool operator==(const KernelChoice& o) const { return fields() == o.fields(); }
   bool operator!=(const KernelChoice& o) const { return !(*this == o); }
 };
 

@@ -153,17 +153,23 @@ uint32_t Replayer::version_of(const at::Tensor& t) const {
   return it == unbumped_.end() ? v : v + it->second;
 }
 
-void Replayer::note_writes(const at::RecordFunction& fn) {
-  writing_.clear();
-  const std::vector<char>& w = writes_.of(fn);
-  if (w.empty()) return;
+namespace {
+// Each tensor of `fn`'s arguments that `written` (WritesByName::of) marks as written.
+template <typename F>
+void each_written(const at::RecordFunction& fn, const std::vector<char>& written, F f) {
+  if (written.empty()) return;
   const auto inputs = fn.inputs();
-  for (size_t i = 0; i < inputs.size() && i < w.size(); ++i) {
-    if (!w[i]) continue;
-    for_each_tensor(inputs[i], [&](const at::Tensor& t) {
-      if (t.defined() && t.unsafeGetTensorImpl()->version_counter().enabled()) writing_.emplace_back(t, t._version());
-    });
+  for (size_t i = 0; i < inputs.size() && i < written.size(); ++i) {
+    if (written[i]) for_each_tensor(inputs[i], f);
   }
+}
+}  // namespace
+
+void Replayer::note_writes(const at::RecordFunction& fn, const std::vector<char>& written) {
+  writing_.clear();
+  each_written(fn, written, [&](const at::Tensor& t) {
+    if (t.defined() && t.unsafeGetTensorImpl()->version_counter().enabled()) writing_.emplace_back(t, t._version());
+  });
 }
 
 void Replayer::count_unbumped_writes() {
@@ -174,13 +180,11 @@ void Replayer::count_unbumped_writes() {
 }
 
 void Replayer::before_write(const at::RecordFunction& fn) {
-  if (externals_.empty()) return;
-  const std::vector<char>& w = writes_.of(fn);
-  if (w.empty()) return;
-  const auto inputs = fn.inputs();
-  for (size_t i = 0; i < inputs.size() && i < w.size(); ++i) {
-    if (w[i]) for_each_tensor(inputs[i], [&](const at::Tensor& t) { guard_external(t); });
-  }
+  if (!externals_.empty()) before_write(fn, writes_.of(fn));
+}
+
+void Replayer::before_write(const at::RecordFunction& fn, const std::vector<char>& written) {
+  if (!externals_.empty()) each_written(fn, written, [&](const at::Tensor& t) { guard_external(t); });
 }
 
 // Cost: one version read per external captured this step (parameters, inputs, buffers).

@@ -351,8 +351,9 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool rand
     rebuildable_op_.resize(op + 1, false);
   }
   if (static_cast<size_t>(op) >= slots_.size()) slots_.resize(op + 1);
-  before_write(fn);
-  note_writes(fn);
+  const std::vector<char>& op_writes = writes_.of(fn);  // one lookup for both
+  before_write(fn, op_writes);
+  note_writes(fn, op_writes);
   if (!unhooked_.empty()) look_again(fn);
   Recipe& r = recipes_[op];
   r = Recipe();

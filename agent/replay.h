@@ -373,7 +373,9 @@ class Replayer {
   uint32_t version_of(const at::Tensor& t) const;
   // note_writes at an op's start, count_unbumped_writes at its end: see unbumped_. Cost: nothing
   // for an op that writes no argument; else a version read per written tensor.
-  void note_writes(const at::RecordFunction& fn);
+  void note_writes(const at::RecordFunction& fn, const std::vector<char>& written);
+  // before_write with the op's writes_.of already looked up (op_start needs them for note_writes too).
+  void before_write(const at::RecordFunction& fn, const std::vector<char>& written);
   void count_unbumped_writes();
   // The external written since capture that a rebuild of `src` would read (an undefined tensor
   // for a chain that cannot be followed), or null.

@@ -49,6 +49,19 @@ def identical_replay(runner, plain_runs, model, budget, extra=(), env=None):
     return p, report
 
 
+def identical_script_replay(runner, name, args, budget):
+    """A test script of this directory (tests/integration/NAME, whose last argument is where it
+    saves its losses, gradients and buffers), run plainly and under the launcher at `budget`:
+    the same stdout, every dump torch.equal. Returns the launcher's process and its report."""
+    script = ROOT / "tests" / "integration" / name
+    plain = runner.run([*args, "plain.pt"], script=script)
+    p = runner.run([*args, "agent.pt"], mode="launcher", script=script,
+                   env={"MEMPLAN_BUDGET": budget, "MEMPLAN_REPORT": "report.json"})
+    assert p.stdout == plain.stdout
+    assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
+    return p, json.loads((runner.tmp / "report.json").read_text())
+
+
 def measured_peaks(report):
     """Each replayed step's peak on the profile's baseline (the script may hold more outside)."""
     base = report["plan"]["baseline_bytes"]
@@ -1235,17 +1248,11 @@ def test_an_op_the_recorder_cannot_describe_leaves_the_run_to_pytorch_with_one_m
     # torch printed it with a stack trace for every op after it, and the step's record was left
     # half made. Now: one message, plain PyTorch from there, bit-identical. From step 5 on (after
     # the plan), the step already evicted: what it evicted is rebuilt for backward.
-    script = ROOT / "tests" / "integration" / "nested_step.py"
-    plain = runner.run([late, "plain.pt"], script=script)
-    p = runner.run([late, "agent.pt"], mode="launcher", script=script,
-                   env={"MEMPLAN_BUDGET": "50%", "MEMPLAN_REPORT": "report.json"})
-    assert p.stdout == plain.stdout
-    assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
+    p, report = identical_script_replay(runner, "nested_step.py", [late], "50%")
     assert "Exception in RecordFunction callback" not in p.stderr
     assert p.stderr.count("could not follow an op") == 1 and "NestedTensorImpl" in p.stderr
     if late:
-        replayed = json.loads((runner.tmp / "report.json").read_text())["replay"]
-        assert sum(r["evicted"] for r in replayed) > 0
+        assert sum(r["evicted"] for r in report["replay"]) > 0
 
 
 @pytest.mark.parametrize("where", ["fwd", "bwd", "flops", "late"])
@@ -1256,13 +1263,8 @@ def test_a_scripts_dispatch_mode_sees_no_rerun_and_changes_no_bit(runner, where)
     # it and were rounded (other losses). Now an op run under a mode is not re-run (its values
     # are kept), and a re-run runs under no mode. FlopCounterMode's count (stdout) is the plain
     # run's: it is not shown our re-runs.
-    script = ROOT / "tests" / "integration" / "dispatch_mode_step.py"
-    plain = runner.run([where, "plain.pt"], script=script)
-    p = runner.run([where, "agent.pt"], mode="launcher", script=script,
-                   env={"MEMPLAN_BUDGET": "50%", "MEMPLAN_REPORT": "report.json"})
-    assert p.stdout == plain.stdout
-    assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
-    replayed = json.loads((runner.tmp / "report.json").read_text())["replay"]
+    p, report = identical_script_replay(runner, "dispatch_mode_step.py", [where], "50%")
+    replayed = report["replay"]
     if where == "bwd":  # rebuilt while the backward runs under the mode
         assert sum(r["evicted"] for r in replayed) > 0
     elif where == "late":  # planned without the mode: kept from step 6 on, with one message
@@ -1279,13 +1281,7 @@ def test_a_kernel_choice_scoped_to_the_forward_holds_for_its_reruns(runner, budg
     # The re-runs in backward took the CPU's fused (flash) kernel instead of the math
     # decomposition, which saves other tensors, and the script died in backward ("batch1 must be
     # a 3D tensor"). A recipe keeps the kernel choice its op ran under (agent/kernel_choice.h).
-    script = ROOT / "tests" / "integration" / "sdpa_math_step.py"
-    plain = runner.run(["plain.pt"], script=script)
-    p = runner.run(["agent.pt"], mode="launcher", script=script,
-                   env={"MEMPLAN_BUDGET": budget, "MEMPLAN_REPORT": "report.json"})
-    assert p.stdout == plain.stdout
-    assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
-    report = json.loads((runner.tmp / "report.json").read_text())
+    p, report = identical_script_replay(runner, "sdpa_math_step.py", [], budget)
     assert report["replay"] and report["replay"][0]["evicted"] > 0
     assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
 
@@ -1296,13 +1292,7 @@ def test_quantization_aware_training_reruns_its_fake_quantizers_as_they_ran(runn
     # and zero point in place without bumping their versions. A re-run read the updated statistics
     # (the moving average taken twice: another scale, another mask) and the first layer's
     # gradients differed from the first replayed step on. Such writes now count as versions.
-    script = ROOT / "tests" / "integration" / "qat_step.py"
-    plain = runner.run(["plain.pt"], script=script)
-    p = runner.run(["agent.pt"], mode="launcher", script=script,
-                   env={"MEMPLAN_BUDGET": budget, "MEMPLAN_REPORT": "report.json"})
-    assert p.stdout == plain.stdout
-    assert_same_dumps(runner.tmp / "plain.pt", runner.tmp / "agent.pt")
-    report = json.loads((runner.tmp / "report.json").read_text())
+    p, report = identical_script_replay(runner, "qat_step.py", [], budget)
     assert report["replay"] and sum(r["evicted"] for r in report["replay"]) > 0
 
 
