@@ -13,6 +13,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
+from step_dump import StepDump
 
 
 class Rounding(TorchDispatchMode):
@@ -29,7 +30,7 @@ where, dump = sys.argv[1], sys.argv[2]
 layers = [nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256), nn.Tanh()) for _ in range(4)]
 m = nn.Sequential(*layers, nn.Linear(256, 10))
 opt = torch.optim.SGD(m.parameters(), lr=0.01)
-out = {"loss": [], "grads": [], "buffers": []}
+steps = StepDump()
 for step in range(10):
     opt.zero_grad()
     x = torch.randn(256, 256)
@@ -50,9 +51,6 @@ for step in range(10):
             loss = m(x).square().mean()
             loss.backward()
         print("flops", counter.get_total_flops())
-    out["loss"].append(loss.detach().clone())
-    out["grads"].append({n: p.grad.clone() for n, p in m.named_parameters()})
-    out["buffers"].append({})
+    steps.record(step, loss, m)
     opt.step()
-    print("step", step, repr(loss.item()))
-torch.save(out, dump)
+steps.save(dump)

@@ -5,12 +5,13 @@ import sys
 
 import torch
 import torch.nn as nn
+from step_dump import StepDump
 
 torch.manual_seed(0)
 late, dump = int(sys.argv[1]), sys.argv[2]
 m = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 64))
 opt = torch.optim.SGD(m.parameters(), lr=0.01)
-out = {"loss": [], "grads": [], "buffers": []}
+steps = StepDump()
 for step in range(10):
     opt.zero_grad()
     h = m[3](m[2](m[1](m[0](torch.randn(512, 64)))))
@@ -18,9 +19,6 @@ for step in range(10):
         h = torch.cat(torch.nested.as_nested_tensor([h[:200], h[200:]]).unbind())  # rows of two lengths
     loss = (m[4](h) ** 2).mean()
     loss.backward()
-    out["loss"].append(loss.detach().clone())
-    out["grads"].append({n: p.grad.clone() for n, p in m.named_parameters()})
-    out["buffers"].append({})
+    steps.record(step, loss, m)
     opt.step()
-    print("step", step, repr(loss.item()))
-torch.save(out, dump)
+steps.save(dump)

@@ -10,6 +10,7 @@ import torch.nn as nn
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 import torch.ao.quantization as tq  # noqa: E402
+from step_dump import StepDump  # noqa: E402
 
 
 class Net(nn.Module):
@@ -28,14 +29,11 @@ m = Net().train()
 m.qconfig = tq.get_default_qat_qconfig("fbgemm")
 tq.prepare_qat(m, inplace=True)
 opt = torch.optim.SGD(m.parameters(), lr=0.01)
-out = {"loss": [], "grads": [], "buffers": []}
+steps = StepDump()
 for step in range(10):
     opt.zero_grad()
     loss = m(torch.randn(256, 64)).square().mean()
     loss.backward()
-    out["loss"].append(loss.detach().clone())
-    out["grads"].append({n: p.grad.clone() for n, p in m.named_parameters()})
-    out["buffers"].append({n: b.clone() for n, b in m.named_buffers()})
+    steps.record(step, loss, m, buffers=True)
     opt.step()
-    print("step", step, repr(loss.item()))
-torch.save(out, sys.argv[1])
+steps.save(sys.argv[1])

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from step_dump import StepDump
 
 
 class Attention(nn.Module):
@@ -25,16 +26,13 @@ class Attention(nn.Module):
 torch.manual_seed(0)
 m = nn.Sequential(*[Attention() for _ in range(4)], nn.Linear(128, 10))
 opt = torch.optim.SGD(m.parameters(), lr=0.01)
-out = {"loss": [], "grads": [], "buffers": []}
+steps = StepDump()
 for step in range(10):
     opt.zero_grad()
     x = torch.randn(8, 128, 128)
     with sdpa_kernel(SDPBackend.MATH):
         loss = m(x).square().mean()
     loss.backward()
-    out["loss"].append(loss.detach().clone())
-    out["grads"].append({n: p.grad.clone() for n, p in m.named_parameters()})
-    out["buffers"].append({})
+    steps.record(step, loss, m)
     opt.step()
-    print("step", step, repr(loss.item()))
-torch.save(out, sys.argv[1])
+steps.save(sys.argv[1])
