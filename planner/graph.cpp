@@ -250,9 +250,16 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
   }
   // Writes in place: a dep is stale if an op after its src writes its value.
   std::vector<int64_t> last_write(nv, -1);
+  G.fwd_written_at.assign(nv, -1);
   for (int64_t i = 0; i < nf; ++i)
-    for (int64_t v : p.forward[i].writes)
-      if (v >= 0 && v < nv) last_write[v] = i;
+    for (int64_t v : p.forward[i].writes) {
+      if (v < 0 || v >= nv) continue;
+      last_write[v] = i;
+      const Value& val = p.values[v];
+      if (val.producer >= 0 || G.fwd_written_at[v] >= 0) continue;
+      if (std::any_of(val.consumers.begin(), val.consumers.end(), [&](int64_t o) { return o < i; }))
+        G.fwd_written_at[v] = i, G.any_fwd_written = true;
+    }
   for (int64_t i = 0; i < nf; ++i)
     for (Dep& d : G.deps[i]) d.stale = d.src >= 0 && last_write[d.value] > d.src;
   for (int64_t j = 0; j < nb; ++j) {

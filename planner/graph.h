@@ -57,6 +57,11 @@ struct Graph {
   std::vector<char> unseen;
   bool any_unseen = false;
   bool any_written = false;             // some value has Value::written (see copied_when_captured)
+  // per value from before the step (input or parameter): the first forward op that writes it in
+  // place after an earlier op read it (a weight written through `.data` after its layer ran), -1
+  // if none. The replay's write guard copies it there when a recipe captured it before.
+  std::vector<int64_t> fwd_written_at;
+  bool any_fwd_written = false;
   std::vector<std::vector<int64_t>> providers;  // per value: value_providers (rerun_ops.h)
   std::vector<std::vector<int64_t>> produces;  // per fwd op: values it created
   std::vector<std::vector<Dep>> deps;   // per fwd op: distinct inputs

@@ -19,21 +19,24 @@ std::vector<std::vector<int64_t>> value_providers(const Profile& p) {
 
 std::vector<char> rerun_ops(const Profile& p, const std::vector<std::vector<int64_t>>& providers,
                             const std::vector<int64_t>& evicted) {
+  const auto n = static_cast<int64_t>(p.forward.size());
   std::vector<char> rerun(p.forward.size(), 0);
   std::vector<int64_t> work;
-  auto need = [&](int64_t v) {
+  // The providers of `v` before op `before`: an op that writes `v` later (a parameter written
+  // through `.data` after a layer read it) made nothing that op read.
+  auto need = [&](int64_t v, int64_t before) {
     if (v < 0 || static_cast<size_t>(v) >= providers.size()) return;
     for (int64_t o : providers[v])
-      if (!rerun[o] && p.forward[o].rerunnable) {  // no plan re-runs another (rerun_handle.h)
+      if (o < before && !rerun[o] && p.forward[o].rerunnable) {  // no plan re-runs another (rerun_handle.h)
         rerun[o] = 1;
         work.push_back(o);
       }
   };
-  for (int64_t v : evicted) need(v);
+  for (int64_t v : evicted) need(v, n);
   while (!work.empty()) {
     const int64_t o = work.back();
     work.pop_back();
-    for (const TensorRef& t : p.forward[o].inputs) need(t.value);
+    for (const TensorRef& t : p.forward[o].inputs) need(t.value, o);
   }
   return rerun;
 }

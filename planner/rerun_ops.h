@@ -17,7 +17,8 @@ namespace memplan::planner {
 // Per value: the forward ops that provide it (its producer and every op that outputs it).
 std::vector<std::vector<int64_t>> value_providers(const Profile& p);
 
-// Per forward op: 1 if a rebuild of one of `evicted` may re-run it. `providers` is
+// Per forward op: 1 if a rebuild of one of `evicted` may re-run it: their providers, and for each
+// such op the providers of its inputs that ran before it, transitively. `providers` is
 // value_providers(p). Cost: linear in the ops and inputs reached.
 std::vector<char> rerun_ops(const Profile& p, const std::vector<std::vector<int64_t>>& providers,
                             const std::vector<int64_t>& evicted);

@@ -187,7 +187,7 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
   // from its natural end.
   // Both this and the RNG snapshots below follow the ops a rebuild may re-run: found once.
   std::vector<char> rerun;
-  if (!evict_at.empty() && (g.any_dies || g.any_unseen || p.rng_state_bytes > 0)) {
+  if (!evict_at.empty() && (g.any_dies || g.any_unseen || g.any_fwd_written || p.rng_state_bytes > 0)) {
     std::vector<int64_t> evicted;
     for (auto& [v, a] : evict_at) evicted.push_back(v);
     rerun = rerun_ops(p, g.providers, evicted);
@@ -214,20 +214,35 @@ bool run(const Graph& g, const Plan& plan, SimResult* r) {
     for (int64_t o = 0; o < N; ++o)
       if (rerun[o] && p.forward[o].random) add(o, E - 1, p.rng_state_bytes);
   }
-  // Inputs and parameters the step writes in place before a re-run reads them (an optimizer step
-  // in backward, ahead of a re-run that reads a weight without grad): the replay copies them when
-  // a recipe captures them, alive to the step's end (copied_when_captured, as replay.cpp does).
+  // Inputs and parameters the step writes in place before a re-run reads them, copied by the
+  // replay and alive to the step's end, one copy each, from the earliest of:
+  // - where a recipe captures it, for a write the replay's op callbacks may not see (an optimizer
+  //   step in backward, ahead of a re-run that reads a weight without grad; copied_when_captured,
+  //   as replay.cpp does);
+  // - where a forward op writes it after a recipe captured it (Graph::fwd_written_at: the write
+  //   guard copies it then, for whichever op a rebuild may re-run read it).
+  std::vector<int64_t> copy_from;
   if (!plan.recomputes.empty() && g.any_written) {
     const std::vector<int64_t> last = last_rerun_node(plan.recomputes, static_cast<size_t>(N));
-    std::vector<char> copied(nv, 0);
+    copy_from.assign(nv, -1);
     for (int64_t o = 0; o < N; ++o) {
       for (const TensorRef& t : p.forward[o].inputs) {
-        if (!value_ok(t.value) || copied[t.value] || !copied_when_captured(p.values[t.value], last[o])) continue;
-        copied[t.value] = 1;
-        add(o, E - 1, g.bytes(t.value));
+        if (!value_ok(t.value) || copy_from[t.value] >= 0 || !copied_when_captured(p.values[t.value], last[o])) continue;
+        copy_from[t.value] = o;
       }
     }
   }
+  if (!rerun.empty() && g.any_fwd_written) {
+    if (copy_from.empty()) copy_from.assign(nv, -1);
+    for (int64_t v = 0; v < nv; ++v) {
+      const int64_t w = g.fwd_written_at[v];
+      if (w < 0 || (copy_from[v] >= 0 && copy_from[v] <= w)) continue;
+      const auto& readers = p.values[v].consumers;
+      if (std::any_of(readers.begin(), readers.end(), [&](int64_t o) { return o < w && rerun[o]; })) copy_from[v] = w;
+    }
+  }
+  for (int64_t v = 0; v < static_cast<int64_t>(copy_from.size()); ++v)
+    if (copy_from[v] >= 0) add(copy_from[v], E - 1, g.bytes(v));
   std::vector<int64_t> delta(E + 1, 0);
   int64_t run_sum = 0;
   for (int64_t i = 0; i < E; ++i) delta[i] = (run_sum += diff[i]);

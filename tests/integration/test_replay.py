@@ -1296,6 +1296,21 @@ def test_quantization_aware_training_reruns_its_fake_quantizers_as_they_ran(runn
     assert report["replay"] and sum(r["evicted"] for r in report["replay"]) > 0
 
 
+@pytest.mark.parametrize("budget", ["50%", "1%"])
+def test_a_weight_written_through_data_in_the_forward_is_copied_once_and_planned_with(runner, budget):
+    # data_write_step.py scales each layer's weight in place through `.data` after the layer ran
+    # (autograd does not see it; backward reads the scaled weight). A re-run of a layer must read
+    # the weight as it was, so the replay copies it at the write. Before, the plan left those
+    # copies out (the first replayed step ran 29% over its prediction, and its kind was planned
+    # again), and the write's own recipe copied the same weight a second time through its `.data`
+    # alias, though no rebuild re-runs a write made after what it rebuilds (rerun_ops).
+    p, report = identical_script_replay(runner, "data_write_step.py", [], budget)
+    assert "planned again" not in p.stderr and len(report["plans"]) == 1
+    for r in report["replay"]:
+        assert r["evicted"] > 0 and 0 < r["snapshots"] <= 4 * r["steps"], r
+    assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))

@@ -310,6 +310,60 @@ TEST(Simulate, AParameterWrittenBeforeARerunReadsItIsCopied) {
   EXPECT_FALSE(copied_when_captured(p.values[w], -1));  // an op no recompute re-runs
 }
 
+// A forward op writes a parameter in place after an op a rebuild may re-run read it (through
+// `.data`, which autograd does not see): the replay's write guard copies it there for that re-run
+// (Replayer::guard_external), and the copy lives to the step's end. Before, the plan left the copy
+// out, and the first replayed step ran over its prediction by it. The writer made nothing the
+// earlier reader read, so no rebuild re-runs it (rerun_ops); and with nothing evicted, no copy.
+TEST(Simulate, AParameterAForwardOpWritesAfterAReRunReadItIsCopiedThere) {
+  SynthBuilder b;
+  const int64_t x = b.input(1 << 20);
+  const int64_t w = b.param(1 << 16);
+  const int64_t h0 = b.op("aten::mul", {x, w}, {{1 << 20}}, {w}, 10)[0];
+  b.op("aten::mul_", {w}, {{0, -1, w}}, {}, 1);  // w.data.mul_(0.5)
+  const int64_t h1 = b.op("aten::tanh", {h0}, {{1 << 20}}, {}, 10)[0];
+  const int64_t h2 = b.op("aten::sin", {h1}, {{1 << 20}}, {h1}, 10)[0];
+  b.op("aten::sum", {h2}, {{4}}, {h2}, 10);
+  Profile p = b.finish();
+  Graph g;
+  std::string err;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  EXPECT_EQ(g.fwd_written_at[w], 1);
+  EXPECT_EQ(g.fwd_written_at[x], -1);
+  Plan evict;
+  evict.evictions.push_back({h1, g.last_fwd_use[h1]});
+  evict.recomputes.push_back({g.first_unpack[h1], {0, 2}, {h1}});
+  EXPECT_EQ(rerun_ops(p, g.providers, {h1}), (std::vector<char>{1, 0, 1, 0, 0}));
+  const SimResult copied = simulate(g, evict);
+  ASSERT_TRUE(copied.ok) << copied.error;
+  const SimResult none = simulate(g, Plan{});
+  ASSERT_TRUE(none.ok) << none.error;
+
+  p.forward[1].writes.clear();  // the same step without the write
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  EXPECT_FALSE(g.any_fwd_written);
+  const SimResult plain = simulate(g, evict);
+  ASSERT_TRUE(plain.ok) << plain.error;
+  EXPECT_EQ(copied.fwd_live[0], plain.fwd_live[0]);
+  EXPECT_EQ(copied.fwd_live[1], plain.fwd_live[1] + g.bytes(w));
+  EXPECT_EQ(copied.bwd_live.back(), plain.bwd_live.back() + g.bytes(w));
+  EXPECT_EQ(copied.peak, plain.peak + g.bytes(w));
+  EXPECT_EQ(none.peak, simulate(g, Plan{}).peak);
+
+  // Written before anything reads it (Embedding's max_norm renormalises its weight before the
+  // lookup): the re-run reads what is there, no copy.
+  SynthBuilder first;
+  const int64_t x2 = first.input(1 << 20);
+  const int64_t w2 = first.param(1 << 16);
+  first.op("aten::embedding_renorm_", {w2}, {{0, -1, w2}}, {}, 1);
+  const int64_t e = first.op("aten::mul", {x2, w2}, {{1 << 20}}, {w2}, 10)[0];
+  first.op("aten::sum", {e}, {{4}}, {e}, 10);
+  const Profile q = first.finish();
+  ASSERT_TRUE(build_graph(q, &g, &err)) << err;
+  EXPECT_EQ(g.fwd_written_at[w2], -1);
+  EXPECT_FALSE(g.any_fwd_written);
+}
+
 // `x = normalize(x)` in the step frees the raw batch after its last use; a plan that rebuilds
 // from it makes the replay keep it (the re-run op's recipe holds its inputs) to the step's end.
 TEST(Simulate, AnInputARebuildReadsStaysAliveToTheEnd) {
