@@ -13,6 +13,7 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -119,8 +120,7 @@ bool released(const at::Tensor& t) {
 at::Tensor Replayer::external_as_captured(const TensorSource& src) const {
   if (!src.external.defined()) return src.external;
   const c10::TensorImpl* impl = src.external.unsafeGetTensorImpl();
-  if (version_of(src.external) == src.external_version && (overwritten_.empty() || !overwritten_.count(impl)) &&
-      !released(src.external)) {
+  if (version_of(src.external) == src.external_version && !released(src.external)) {
     return src.external;
   }
   auto it = snapshots_.find({impl, src.external_version});
@@ -128,8 +128,7 @@ at::Tensor Replayer::external_as_captured(const TensorSource& src) const {
 }
 
 bool Replayer::written_unsnapshotted(const c10::TensorImpl* impl, const External& e) const {
-  return e.tensor.defined() && (version_of(e.tensor) != e.version || overwritten_.count(impl)) &&
-         !snapshots_.count({impl, e.version});
+  return e.tensor.defined() && version_of(e.tensor) != e.version && !snapshots_.count({impl, e.version});
 }
 
 void Replayer::guard_external(const at::Tensor& t) {
@@ -142,7 +141,12 @@ void Replayer::guard_external(const at::Tensor& t) {
     // Contents no recipe captured (written since, and not captured again) need no copy.
     if (e->second.last_version != now) continue;
     snapshot_external(e->second.tensor, now);
-    overwritten_.insert(it->second);  // for a write that leaves the version alone (`.data`)
+    // Whether the write moves its version is known once it landed (settle_writes): through
+    // `.data` it does not (a counter of its own), through `detach()` it does (a shared one).
+    const at::Tensor& ext = e->second.tensor;
+    if (ext.unsafeGetTensorImpl()->version_counter().enabled() &&
+        std::none_of(writing_.begin(), writing_.end(), [&](const auto& w) { return w.first.is_same(ext); }))
+      writing_.emplace_back(ext, ext._version());
   }
 }
 
@@ -172,7 +176,7 @@ void Replayer::note_writes(const at::RecordFunction& fn, const std::vector<char>
   });
 }
 
-void Replayer::count_unbumped_writes() {
+void Replayer::settle_writes() {
   for (const auto& [t, before] : writing_) {
     if (t._version() == before) ++unbumped_[t.unsafeGetTensorImpl()];
   }
@@ -566,6 +570,7 @@ void Replayer::rebuild(SavedState& s, Memo& memo) {
 
 at::Tensor Replayer::materialize(SavedState& s) {
   if (!s.evicted) return s.tensor;
+  if (!op_running_) settle_writes();  // a write outside any recorded op's window (untracked_op)
   // Also outside backward (a script reading grad_fn._saved_* in forward): these ops are ours.
   AgentScope scope;
   if (s.compact) {  // each unpack gets its own copy, freed when the node is done with it

@@ -216,7 +216,7 @@ void Replayer::begin_step(bool any_size) {
   refused_by_.clear();
   externals_.clear();
   external_storage_.clear();
-  overwritten_.clear();
+  op_running_ = false;
   unbumped_.clear();
   writing_.clear();
   snapshots_.clear();
@@ -352,8 +352,10 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool rand
   }
   if (static_cast<size_t>(op) >= slots_.size()) slots_.resize(op + 1);
   const std::vector<char>& op_writes = writes_.of(fn);  // one lookup for both
-  before_write(fn, op_writes);
+  settle_writes();  // an untracked op's, before this op captures anything
+  op_running_ = true;
   note_writes(fn, op_writes);
+  before_write(fn, op_writes);
   if (!unhooked_.empty()) look_again(fn);
   Recipe& r = recipes_[op];
   r = Recipe();
@@ -464,7 +466,8 @@ bool Replayer::rebuildable(const TensorSource& src) const {
 }
 
 void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool dropped, uint64_t hash, uint64_t structure) {
-  count_unbumped_writes();
+  op_running_ = false;
+  settle_writes();
   int64_t op = at(step_op);
   ahead_ = -1;
   if (op < 0 || static_cast<size_t>(op) >= recipes_.size()) return;

@@ -339,17 +339,25 @@ class Replayer {
   };
   StepMap<const c10::TensorImpl*, External> externals_{&step_pool_};
   std::pmr::unordered_multimap<const c10::StorageImpl*, const c10::TensorImpl*> external_storage_{&step_pool_};
-  // Externals written through a tensor that does not share their version counter (`.data`):
-  // their version says nothing, a rebuild reads their snapshot.
-  std::unordered_set<const c10::TensorImpl*> overwritten_;
-  // Writes an op's schema declares that left the version counter as it was: the CPU's
-  // fused_moving_avg_obs_fake_quant (QAT's default fake quantizer) updates its observer's running
-  // min/max, scale and zero point so. Counted per tensor this step and added to its version
-  // (version_of), so a recipe that captured a buffer before such a write reads its snapshot.
-  // Before, its re-run read the updated statistics (moving average taken twice: other scale,
-  // other mask, other gradients).
+  // Writes that left a tensor's version counter as it was, counted per tensor this step and added
+  // to its version (version_of), so a recipe that captured it before such a write reads its
+  // snapshot and one that captures it after reads it where it is:
+  // - writes an op's schema declares: the CPU's fused_moving_avg_obs_fake_quant (QAT's default
+  //   fake quantizer) updates its observer's running min/max, scale and zero point so. Before,
+  //   its re-run read the updated statistics (moving average taken twice: other scale, other
+  //   mask, other gradients);
+  // - writes to a captured external through another tensor of its storage with a counter of its
+  //   own (`w.data.mul_()`). Until 2026-12-07 such an external was marked overwritten for the
+  //   rest of the step, whatever the write did to its counter, so a recipe that captured it
+  //   after a write through `w.detach()` (a shared counter: Embedding's max_norm renormalising
+  //   its weight) found no snapshot of what it read: the rebuild failed and backward raised.
   std::unordered_map<const c10::TensorImpl*, uint32_t> unbumped_;
-  std::vector<std::pair<at::Tensor, uint32_t>> writing_;  // the running op's written args, versions at start
+  // Tensors a write is about to land on, with their counters' versions then: the running op's
+  // written arguments (note_writes) and the captured externals sharing their storage
+  // (guard_external); or an untracked op's (Agent::untracked_op), settled before the next op or
+  // rebuild reads a version.
+  std::vector<std::pair<at::Tensor, uint32_t>> writing_;
+  bool op_running_ = false;  // between a recorded op's start and end: its writes have not landed
   WritesByName writes_;  // per op name: which arguments it may write; empty if none
   // A write is about to land on `t`: copy every captured external sharing its storage whose
   // current contents a recipe captured.
@@ -371,12 +379,13 @@ class Replayer {
   // An external's version as recipes count it: its counter's, plus the writes that did not bump
   // it (unbumped_). Cost: a version read, and a hash lookup once any such write was seen.
   uint32_t version_of(const at::Tensor& t) const;
-  // note_writes at an op's start, count_unbumped_writes at its end: see unbumped_. Cost: nothing
-  // for an op that writes no argument; else a version read per written tensor.
+  // note_writes at an op's start, settle_writes at its end (and before the next op or rebuild
+  // after an untracked op's write): see unbumped_. Cost: nothing for an op that writes no
+  // argument; else a version read per written tensor.
   void note_writes(const at::RecordFunction& fn, const std::vector<char>& written);
   // before_write with the op's writes_.of already looked up (op_start needs them for note_writes too).
   void before_write(const at::RecordFunction& fn, const std::vector<char>& written);
-  void count_unbumped_writes();
+  void settle_writes();
   // The external written since capture that a rebuild of `src` would read (an undefined tensor
   // for a chain that cannot be followed), or null.
   const at::Tensor* chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth);

@@ -171,6 +171,7 @@ void Replayer::planned_recompute(int64_t node) {
 void Replayer::run_recompute(int64_t node) {
   auto it = recompute_before_.find(node);
   if (it == recompute_before_.end()) return;
+  if (!op_running_) settle_writes();
   AgentScope scope;  // the ops a rebuild runs (views, re-runs) are ours, never the step's
   ActionSpan span(this, "memplan/recompute",
                   naming_actions() ? fmt::format("memplan/recompute before node {}", node) : std::string());

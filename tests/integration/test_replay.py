@@ -1311,6 +1311,21 @@ def test_a_weight_written_through_data_in_the_forward_is_copied_once_and_planned
     assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
 
 
+@pytest.mark.parametrize("budget", ["50%", "1%"])
+def test_an_embedding_with_max_norm_rebuilds_its_lookup_from_the_renormalised_weight(runner, budget):
+    # max_norm_step.py: nn.Embedding(max_norm=1.0) renormalises the weight's looked-up rows in
+    # place through `weight.detach()` (which shares the weight's version counter) before each
+    # lookup. The replay copied the weight for the detach's recipe and then took it as overwritten
+    # for the rest of the step, as if written through `.data`: the lookup's recipe, which captured
+    # it after the write, found no copy of what it read, the rebuild failed and backward raised
+    # ("an input of a recomputed op was written in place after its value was evicted"). A write's
+    # effect on the counter is now read once it landed (Replayer::settle_writes).
+    p, report = identical_script_replay(runner, "max_norm_step.py", [], budget)
+    assert "could not" not in p.stderr and "failed" not in p.stderr
+    assert report["replay"] and all(r["evicted"] > 0 and r["on_demand"] == 0 for r in report["replay"])
+    assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))
