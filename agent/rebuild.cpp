@@ -95,12 +95,24 @@ class RerunState {
 
 std::vector<at::Tensor>* Replayer::capture() { return tl_capture; }
 
+// Cost: a clone, or a short scan of this moment's copies (moment_copies_) that finds one to share.
 void Replayer::snapshot_external(const at::Tensor& t, uint32_t version) {
   const std::pair<const c10::TensorImpl*, uint32_t> key{t.unsafeGetTensorImpl(), version};
   if (snapshots_.count(key)) return;
+  const c10::StorageImpl* storage = t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+  if (storage != nullptr) {
+    for (const MomentCopy& m : moment_copies_) {
+      if (m.storage == storage && same_layout(m.of, t)) {
+        snapshots_.emplace(key, m.copy);
+        return;
+      }
+    }
+  }
   AgentScope scope;  // not an op of the step
   at::NoGradGuard no_grad;
-  snapshots_.emplace(key, t.detach().clone(at::MemoryFormat::Preserve));
+  at::Tensor copy = t.detach().clone(at::MemoryFormat::Preserve);
+  if (storage != nullptr) moment_copies_.push_back({storage, t, copy});
+  snapshots_.emplace(key, std::move(copy));
   ++stats_.snapshots;
 }
 
@@ -184,6 +196,8 @@ void Replayer::settle_writes() {
 }
 
 void Replayer::before_write(const at::RecordFunction& fn) {
+  // An untracked op: a moment of its own (an earlier one's copies may predate a write since).
+  moment_copies_.clear();
   if (!externals_.empty()) before_write(fn, writes_.of(fn));
 }
 

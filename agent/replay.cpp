@@ -20,11 +20,6 @@ namespace memplan {
 
 namespace {
 
-bool same_layout(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) &&
-         a.storage_offset() == b.storage_offset() && a.scalar_type() == b.scalar_type();
-}
-
 }  // namespace
 
 Replayer::Replayer(const Profile& profile, planner::Plan plan)
@@ -217,6 +212,7 @@ void Replayer::begin_step(bool any_size) {
   externals_.clear();
   external_storage_.clear();
   op_running_ = false;
+  moment_copies_.clear();
   unbumped_.clear();
   writing_.clear();
   snapshots_.clear();
@@ -353,6 +349,7 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool rand
   if (static_cast<size_t>(op) >= slots_.size()) slots_.resize(op + 1);
   const std::vector<char>& op_writes = writes_.of(fn);  // one lookup for both
   settle_writes();  // an untracked op's, before this op captures anything
+  moment_copies_.clear();
   op_running_ = true;
   note_writes(fn, op_writes);
   before_write(fn, op_writes);
@@ -468,6 +465,7 @@ bool Replayer::rebuildable(const TensorSource& src) const {
 void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool dropped, uint64_t hash, uint64_t structure) {
   op_running_ = false;
   settle_writes();
+  moment_copies_.clear();
   int64_t op = at(step_op);
   ahead_ = -1;
   if (op < 0 || static_cast<size_t>(op) >= recipes_.size()) return;

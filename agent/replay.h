@@ -37,6 +37,13 @@
 
 namespace memplan {
 
+// Same sizes, strides, storage offset and dtype: views of one storage laid out alike read the
+// same elements. Cost: a few compares.
+inline bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) &&
+         a.storage_offset() == b.storage_offset() && a.scalar_type() == b.scalar_type();
+}
+
 struct ReplayStats {
   int64_t steps = 0;
   int64_t evicted = 0;         // saved tensors dropped after their last forward use
@@ -358,6 +365,16 @@ class Replayer {
   // rebuild reads a version.
   std::vector<std::pair<at::Tensor, uint32_t>> writing_;
   bool op_running_ = false;  // between a recorded op's start and end: its writes have not landed
+  // Copies snapshot_external made at this moment (one op's start, or an untracked op's): the
+  // storage, the tensor copied, the copy. Within a moment a storage's contents do not change, so
+  // another tensor of it laid out alike shares the copy: a weight a recipe captured and the
+  // `.data` aliases that an op reads and writes it through (the batch normalised in place through
+  // `x.data` after its first use: three copies of it, where the plan counts one).
+  struct MomentCopy {
+    const c10::StorageImpl* storage;
+    at::Tensor of, copy;
+  };
+  std::vector<MomentCopy> moment_copies_;
   WritesByName writes_;  // per op name: which arguments it may write; empty if none
   // A write is about to land on `t`: copy every captured external sharing its storage whose
   // current contents a recipe captured.

@@ -1297,17 +1297,21 @@ def test_quantization_aware_training_reruns_its_fake_quantizers_as_they_ran(runn
 
 
 @pytest.mark.parametrize("budget", ["50%", "1%"])
-def test_a_weight_written_through_data_in_the_forward_is_copied_once_and_planned_with(runner, budget):
-    # data_write_step.py scales each layer's weight in place through `.data` after the layer ran
-    # (autograd does not see it; backward reads the scaled weight). A re-run of a layer must read
-    # the weight as it was, so the replay copies it at the write. Before, the plan left those
-    # copies out (the first replayed step ran 29% over its prediction, and its kind was planned
-    # again), and the write's own recipe copied the same weight a second time through its `.data`
-    # alias, though no rebuild re-runs a write made after what it rebuilds (rerun_ops).
-    p, report = identical_script_replay(runner, "data_write_step.py", [], budget)
+@pytest.mark.parametrize("what,copies", [("weights", 4), ("batch", 1)])
+def test_what_the_forward_writes_through_data_is_copied_once_and_planned_with(runner, what, copies, budget):
+    # data_write_step.py writes in place through `.data` after an op read the tensor: each layer's
+    # weight after the layer ran (weights), or the batch after the first layer (batch). Autograd
+    # does not see it; backward reads the new contents. A re-run of that op must read the tensor
+    # as it was, so the replay copies it at the write. Before, the plan left those copies out (the
+    # first replayed step ran over its prediction, weights +29%, batch +20%, and its kind was
+    # planned again), and the same storage was copied once per tensor of it a recipe captured: the
+    # weight and its `.data` alias the write's own recipe took (no rebuild re-runs a write made
+    # after what it rebuilds: rerun_ops); the batch and the two aliases `x.data` made (copies made
+    # at one op's start now share one per storage: Replayer::moment_copies_).
+    p, report = identical_script_replay(runner, "data_write_step.py", [what], budget)
     assert "planned again" not in p.stderr and len(report["plans"]) == 1
     for r in report["replay"]:
-        assert r["evicted"] > 0 and 0 < r["snapshots"] <= 4 * r["steps"], r
+        assert r["evicted"] > 0 and 0 < r["snapshots"] <= copies * r["steps"], r
     assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
 
 
