@@ -33,7 +33,7 @@ GRADS = ["--clip-grad", "--autograd-grad", "--backward-twice", "--grad-penalty",
 ATTACK = ["--adversarial", "--adversarial shorter", "--gan"]
 GPT2 = ["--sdpa", "--checkpoint", "--autocast", "--custom-gelu", "--stochastic-depth", "--noisy-op",
         "--accum 2", "--eval-every 3", "--seq-change-at 5", "--masked-loss", "--pos-first",
-        "--index-copy", "--shift-buffer late", "--shift-buffer early", "--shift-buffer backward",
+        "--index-copy", "--gumbel", "--shift-buffer late", "--shift-buffer early", "--shift-buffer backward",
         "--user-hooks", "--func", "--skip-block-at 4", "--optimizer-in-backward",
         "--log-params-before-step", "--seq-cycle 64,48", "--depth-random", "--layerdrop 0.2",
         "--repeat-block-at 4", "--small",
@@ -187,6 +187,12 @@ def main():
     p.add_argument("--jobs", type=int, default=1, help="configurations run at once")
     p.add_argument("--replay", help="one configuration (JSON, as printed) to run alone")
     a = p.parse_args()
+    # The launcher runs the script plainly when it finds no build (a user's training must go on):
+    # every configuration would then compare plain PyTorch with itself and pass.
+    build = Path(memplan_runs._env({})["MEMPLAN_BUILD"])
+    if not (build / "libmemplan.so").is_file():
+        print(f"soak: no agent build at {build} (build first, or set MEMPLAN_BUILD)", file=sys.stderr)
+        return 2
     if a.replay:
         ok, what = check(json.loads(a.replay))
         print("ok" if ok else "FAIL", what)
