@@ -242,6 +242,12 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
     }
   }
   if (t.has_storage()) {
+    if (const auto [o, k] = adopt_rewrapped(t); o >= 0) {
+      src.kind = TensorSource::Kind::Slot;
+      src.op = o;
+      src.index = k;
+      return src;
+    }
     // The latest slot on this storage that is still alive, unwritten since: the latest of all
     // may be a view whose tensor is gone (a saved alias the plan evicted, which held the last
     // reference) while an earlier view of the same storage lives on (the `v` of q, k, v split
@@ -292,6 +298,37 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
     return src;
   }
   return src;  // None: the caller decides (an op's internal tensor)
+}
+
+// A factory called from Python (torch.empty_like, torch.zeros_like) runs below autograd and
+// hands what the dispatcher returned to autograd::make_variable, which wraps it in a new
+// TensorImpl with a version counter of its own unless it owns the first and its counter alone
+// (op_end keeps no copy of that counter, so it mostly does; another observer may hold the
+// output): the script's tensor is not the op's output our end callback saw, which dies at once. The same
+// storage, laid out alike, unwritten through either counter since the op ended: the same
+// contents. The slot takes the script's tensor as its own, so the op that fills it in place
+// (gumbel_softmax's exponential_) finds its input's producer instead of an external to copy.
+std::pair<int64_t, int64_t> Replayer::adopt_rewrapped(const at::Tensor& t) {
+  if (t.layout() != at::kStrided || version_of(t) != 0) return {-1, -1};
+  const auto [first, last] = slot_by_storage_.equal_range(t.storage().unsafeGetStorageImpl());
+  for (auto st = first; st != last; ++st) {
+    const auto [o, k] = st->second;
+    if (static_cast<size_t>(k) >= slots_[o].size()) continue;
+    Slot& s = slots_[o][k];
+    // Only an unnumbered op's output is wrapped again: a numbered op's dead output whose storage
+    // `t` shares is an alias of something else (`loss.detach()`, dead, and `loss`). `t` unwritten
+    // (version 0): nothing can have written the storage since but `t`, the op's output being dead.
+    if (!s.below_autograd || !s.impl.expired()) continue;
+    if (s.offset != t.storage_offset() || !t.sizes().equals(s.sizes) || !t.strides().equals(s.strides) ||
+        s.options.dtype() != t.dtype()) {
+      continue;
+    }
+    s.impl = c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr());
+    s.version = 0;
+    slot_by_impl_[t.unsafeGetTensorImpl()] = st->second;
+    return st->second;
+  }
+  return {-1, -1};
 }
 
 // An op other than the profile's at this position ends the plan for this step. Other sizes only
@@ -495,10 +532,16 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool droppe
   for (size_t k = 0; k < out_tensors.size(); ++k) {
     const at::Tensor& t = out_tensors[k];
     Slot s;
+    // An unnumbered op's output (a factory's, made below autograd) keeps no copy of its version
+    // counter: autograd::make_variable, which Python's factory calls next, wraps it in another
+    // TensorImpl unless the counter is the impl's alone, and the script would hold a tensor that
+    // no lookup by impl finds (adopt_rewrapped is the fallback, before any write to it). With no
+    // counter, a dead output counts as gone (slot_available, held_view): rebuilt, never guessed.
+    s.below_autograd = fn.seqNr() < 0;
     if (t.defined()) {
       s.impl = c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr());
-      s.counter = t.unsafeGetTensorImpl()->version_counter();
-      s.version = s.counter.current_version();
+      if (!s.below_autograd) s.counter = t.unsafeGetTensorImpl()->version_counter();
+      s.version = t.unsafeGetTensorImpl()->version_counter().current_version();
       if (t.has_storage() && t.layout() == at::kStrided) {
         s.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl());
         s.sizes.assign(t.sizes().begin(), t.sizes().end());

@@ -203,6 +203,7 @@ class Replayer {
     c10::SmallVector<int64_t, 6> sizes, strides;
     int64_t offset = 0;
     at::TensorOptions options;
+    bool below_autograd = false;  // an unnumbered op's (a factory's): no counter kept (op_end)
     // The output as a view of `storage` (its own, or one made again like it) at `at_offset`, no copy.
     at::Tensor view(c10::Storage storage, int64_t at_offset) const;
   };
@@ -240,6 +241,9 @@ class Replayer {
   void hold_after(int64_t op);
   int64_t planned_value(int64_t op, int64_t ordinal, const at::Tensor& t) const;
   TensorSource source_of(const at::Tensor& t, bool unknown_is_external);
+  // The output slot `t` stands for though it is not the op's own TensorImpl (adopted from now on),
+  // or {-1, -1}: see the definition. Cost: one multimap range of `t`'s storage (a handful).
+  std::pair<int64_t, int64_t> adopt_rewrapped(const at::Tensor& t);
   bool rebuildable(const TensorSource& src) const;
   bool slot_available(int64_t op, int64_t index) const;
   // Output `index` of `op`, its forward storage gone, as a view of a tensor an earlier recompute

@@ -117,6 +117,11 @@ class Block(nn.Module):
             # An identity through index_copy, an op PyTorch lists as nondeterministic (writes in no
             # set order) unless deterministic algorithms are on; layer_norm saves its result.
             x = torch.zeros_like(x).index_copy(1, torch.arange(x.size(1), device=x.device), x)
+        if getattr(self, "gumbel", False):
+            # A straight-through Gumbel-softmax choice per position: noise drawn into
+            # torch.empty_like with exponential_, a one-hot built in torch.zeros_like with scatter_
+            # (factories below autograd, filled in place).
+            x = x + F.gumbel_softmax(x, tau=0.5, hard=True) * x
         x = x + self.attn(self.ln1(x))
         side = getattr(self, "side_stream", None)
         if side is not None and x.is_cuda:
@@ -344,7 +349,7 @@ ZOO = ["mlp", "gpt2", "cnn", "views", "tied", "lstm", *TORCHVISION, *HUGGINGFACE
 
 def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_depth=False, sdpa=False,
           noisy_op=False, detached_side=False, custom_gelu=False, width=0, layers=0, seq=64, index_copy=False,
-          dropout=False, head_dropout=False):
+          dropout=False, head_dropout=False, gumbel=False):
     if name == "mlp":
         return MLP(hidden=256 if small else 1024, detached_side=detached_side)
     if name == "gpt2":
@@ -357,6 +362,7 @@ def build(name, small=False, shift_buffer=False, hardswish=False, stochastic_dep
         m.noisy_op = noisy_op
         for blk in m.blocks:
             blk.index_copy = index_copy
+            blk.gumbel = gumbel
             blk.attn.sdpa = sdpa
             if custom_gelu:
                 blk.mlp[1] = CustomGelu()

@@ -145,6 +145,9 @@ def parse():
     p.add_argument("--index-copy", action="store_true",
                    help="GPT-2: each block starts with an identity through index_copy (nondeterministic "
                         "unless deterministic algorithms are on)")
+    p.add_argument("--gumbel", action="store_true",
+                   help="GPT-2: each block starts with a straight-through Gumbel-softmax choice (F.gumbel_softmax, "
+                        "hard): noise drawn into a factory's tensor in place")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
     p.add_argument("--compile-mlp", action="store_true",
                    help="GPT-2: torch.compile each block's MLP only (Inductor); the rest stays eager")
@@ -432,7 +435,8 @@ def main():
                          sdpa=args.sdpa, noisy_op=args.noisy_op,
                          detached_side=args.detached_side, custom_gelu=args.custom_gelu,
                          width=args.width, layers=args.layers, seq=args.seq,
-                         index_copy=args.index_copy, dropout=args.cnn_dropout, head_dropout=args.head_dropout).to(args.device)
+                         index_copy=args.index_copy, dropout=args.cnn_dropout, head_dropout=args.head_dropout,
+                         gumbel=args.gumbel).to(args.device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if args.weight_norm or args.spectral_norm:

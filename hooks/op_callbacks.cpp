@@ -3,6 +3,8 @@
 #include <ATen/core/grad_mode.h>
 
 #include <atomic>
+#include <cstring>
+#include <utility>
 
 namespace memplan {
 namespace {
@@ -19,6 +21,8 @@ thread_local int tl_depth = 0;       // nesting of autograd-level ops on this th
 thread_local int tl_agent_scope = 0;
 thread_local bool tl_children_off = false;  // RecordFunction off for the current op's children
 thread_local bool tl_quiet = false;         // RecordFunction off for a quiet stretch
+thread_local const at::RecordFunction* tl_unnumbered = nullptr;  // the running top-level op, if unnumbered
+thread_local bool tl_unreported = false;  // ... and the sink does not see it (op_start)
 
 // Runs one sink call; what it throws goes to the sink, not to RecordFunction. Cost: none unless
 // it throws (zero-cost exception tables).
@@ -74,10 +78,34 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   if (fn.seqNr() < 0) {
-    // The dispatcher numbers ops only with grad mode on: this is a no_grad op (or a child of a
-    // recorded op, which tl_depth tells).
-    if (tl_depth == 0 && !at::GradMode::is_enabled()) guarded(sink, [&] { sink->untracked_op(fn); });
-    return nullptr;
+    // The dispatcher numbers an op only with grad mode on and an autograd kernel to run: this is
+    // a child of a recorded op (tl_depth tells), a no_grad op, or, with grad mode on, a top-level
+    // op autograd has no kernel for: a factory, whose tensor a later op may fill in place
+    // (gumbel_softmax's empty_like, then exponential_). Left out, what it made would be an input
+    // from nowhere, which a rebuild could only have as a copy kept from before that write.
+    if (tl_depth > 0) return nullptr;
+    if (!at::GradMode::is_enabled()) {
+      guarded(sink, [&] { sink->untracked_op(fn); });
+      return nullptr;
+    }
+    // Another library's: a c10d collective (never re-run), or a range that is no op at all
+    // (torch.compile's "Torch-Compiled Region", "TorchDynamo Cache Lookup": the ops inside it are
+    // the step's). Passed over as before, its children seen as they come.
+    if (std::strncmp(fn.name(), "aten::", 6) != 0) return nullptr;
+    tl_unnumbered = &fn;
+    // Recorded: aten's ops made like a tensor (empty_like, zeros_like, randn_like, new_zeros: the
+    // step's sizes). Not: those made from their arguments alone (torch.randn, arange, full: a
+    // batch made in the step, a constant), which stay inputs from outside the step, held by a
+    // replay that reads them, as before. Nor their children: the depth is taken all the same
+    // (randn's normal_, seen as an op, wrote the batch in place: a copy of it kept, 1.5 MiB over
+    // the plan).
+    const auto args = fn.inputs();  // cost: a prefix compare and a tag check, for these ops only
+    tl_unreported = args.empty() || !args[0].isTensor();
+    if (tl_unreported) {
+      ++tl_depth;
+      silence_if_alone(&tl_children_off);
+      return nullptr;
+    }
   }
   if (tl_depth++ == 0) {
     // The op's children are never recorded (depth > 0, or seqNr -1): with no other observer,
@@ -99,7 +127,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     guarded(sink, [&] { sink->node_end(fn); });
     return;
   }
-  if (fn.seqNr() < 0) return;
+  if (fn.seqNr() < 0) {
+    if (&fn != tl_unnumbered) return;  // a child's end: only the op that began the depth ends it
+    tl_unnumbered = nullptr;
+    if (std::exchange(tl_unreported, false)) {
+      --tl_depth;
+      restore(&tl_children_off);
+      return;
+    }
+  }
   if (tl_depth > 0 && --tl_depth == 0) {
     restore(&tl_children_off);
     guarded(sink, [&] { sink->op_end(fn); });

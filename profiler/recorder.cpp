@@ -219,7 +219,7 @@ void Recorder::light_op_start(const at::RecordFunction& fn) {
   light_hash_ = identity_hash(fn, &light_structure_);
   current_random_ = is_random(fn);
   drew_unmarked_ = false;
-  light_seq_begin_ = fn.seqNr();
+  light_seq_begin_ = at::sequence_number::peek();  // fn.seqNr() is -1 for an unnumbered op
   current_op_ = light_ops_++;
 }
 
@@ -281,8 +281,10 @@ void Recorder::op_start(const at::RecordFunction& fn) {
   for (const TensorRef& r : op.inputs) {
     if (r.value >= 0) push_unique(&profile_.values[r.value].consumers, idx);
   }
-  seq_begin_.push_back(fn.seqNr());
-  seq_end_.push_back(fn.seqNr());
+  // The next number, not fn.seqNr(): an op autograd does not number (a factory) gets the empty
+  // range [next, next), which keeps seq_begin_ sorted for op_of_node.
+  seq_begin_.push_back(at::sequence_number::peek());
+  seq_end_.push_back(seq_begin_.back());
   update_held(idx);
   current_op_ = idx;
   if (idx > 0) absorb_gap(&profile_.forward[idx - 1]);

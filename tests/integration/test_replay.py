@@ -1330,6 +1330,25 @@ def test_an_embedding_with_max_norm_rebuilds_its_lookup_from_the_renormalised_we
     assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
 
 
+@pytest.mark.parametrize("budget", ["50%", "1%"])
+def test_gumbel_noise_drawn_into_a_factorys_tensor_is_rebuilt_not_copied(runner, budget):
+    # gumbel_step.py: F.gumbel_softmax(hard=True) draws its noise into torch.empty_like(logits)
+    # with exponential_, and builds its one-hot in torch.zeros_like(logits) with scatter_. Python's
+    # factories run below autograd (no sequence number), and were no ops of the step: what they
+    # made came from nowhere and was written in place, so a rebuild could only have it as a copy
+    # kept from before the write, as large as what evicting saves. No plan lowered the peak (the
+    # minimum was the un-planned peak). Recorded now (made like a tensor: hooks/op_callbacks.cpp),
+    # what the layers save is evicted, and rebuilt with the noise drawn again as it was.
+    p, report = identical_script_replay(runner, "gumbel_step.py", [], budget)
+    assert "planned again" not in p.stderr and len(report["plans"]) == 1
+    plan = report["plan"]
+    activations = plan["unplanned_peak_bytes"] - plan["baseline_bytes"]
+    assert plan["predicted_peak_bytes"] - plan["baseline_bytes"] <= 0.6 * activations, plan
+    for r in report["replay"]:
+        assert r["evicted"] > 0 and r["snapshots"] == 0 and r["on_demand"] == 0, r
+    assert_peaks_as_predicted(report, feasible=plan["feasible"])
+
+
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
     replay(runner, "gpt2", "50%", env={"MEMPLAN_PLAN_CACHE": "cache"})
     cached = list((runner.tmp / "cache").glob("plan-*.json"))

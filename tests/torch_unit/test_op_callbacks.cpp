@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/csrc/autograd/generated/variable_factories.h>
+
 #include "hooks/op_callbacks.h"
 
 namespace {
@@ -135,6 +137,72 @@ TEST_F(OpCallbacks, AnotherObserverStillSeesTheChildren) {
   ASSERT_EQ(sink_.started, std::vector<std::string>{"aten::linear"});
   EXPECT_TRUE(sink_.rf_enabled_inside[0]);
   EXPECT_EQ(g_other_seen.load(), 1);  // linear's addmm
+}
+
+// What Python's torch.empty_like, torch.zeros_like, torch.randn run (torch:: factories): the aten
+// op below autograd (no node, no sequence number), then autograd::make_variable.
+// With grad mode on, one made like a tensor is a top-level op like any other (gumbel_softmax
+// fills its empty_like with exponential_), and its children (zeros_like's empty_like and zero_)
+// are not. One made from its arguments alone (randn: the step's batch) is no op of the step,
+// and neither are its children (randn's normal_, which has a tensor argument).
+TEST_F(OpCallbacks, FactoriesMadeLikeATensorAreTopLevelOpsAndTheirChildrenAreNot) {
+  at::Tensor like;
+  {
+    memplan::AgentScope hidden;
+    like = at::randn({4, 8});
+  }
+  torch::empty_like(like);
+  torch::randn({4, 8});
+  torch::zeros_like(like);
+  const std::vector<std::string> made_like{"aten::empty_like", "aten::zeros_like"};
+  EXPECT_EQ(sink_.started, made_like);
+  EXPECT_EQ(sink_.ended, made_like);
+  ASSERT_EQ(sink_.rf_enabled_inside.size(), 2u);
+  EXPECT_FALSE(sink_.rf_enabled_inside[1]);  // off for zeros_like's children
+  EXPECT_TRUE(at::isRecordFunctionEnabled());  // and back on after randn's too
+  EXPECT_TRUE(sink_.untracked.empty());
+  // Under no_grad they are untracked ops, as before.
+  sink_.started.clear();
+  {
+    at::NoGradGuard no_grad;
+    torch::zeros_like(like);
+  }
+  EXPECT_TRUE(sink_.started.empty());
+  ASSERT_FALSE(sink_.untracked.empty());
+  EXPECT_EQ(sink_.untracked.front(), "aten::zeros_like");
+}
+
+// With another observer the children reach RecordFunction: zeros_like's empty_like, unnumbered
+// too, ends before zeros_like does and must not end it; nor must randn's normal_ begin an op.
+TEST_F(OpCallbacks, AnUnnumberedChildDoesNotEndItsParentOrBeginAnOp) {
+  at::Tensor like;
+  {
+    memplan::AgentScope hidden;
+    like = at::randn({4, 8});
+  }
+  g_other_name = "aten::empty_like";
+  const at::CallbackHandle other = add_other_observer();
+  torch::zeros_like(like);
+  torch::randn({4, 8});
+  run_linear();
+  at::removeCallback(other);
+  g_other_name = "aten::addmm";
+  EXPECT_EQ(g_other_seen.load(), 1);  // the child ran, observed
+  const std::vector<std::string> ops{"aten::zeros_like", "aten::linear"};
+  EXPECT_EQ(sink_.started, ops);
+  EXPECT_EQ(sink_.ended, ops);
+}
+
+// torch.compile wraps its region in a FUNCTION-scope range with no sequence number ("Torch-Compiled
+// Region: 0/0"): no op, and no parent of the ops inside it, which are the step's.
+TEST_F(OpCallbacks, AnUnnumberedRangeThatIsNoOpHidesNothingInside) {
+  {
+    at::RecordFunction region(at::RecordScope::FUNCTION);
+    region.before("Torch-Compiled Region: 0/0");
+    run_linear();
+  }
+  EXPECT_EQ(sink_.started, std::vector<std::string>{"aten::linear"});
+  EXPECT_EQ(sink_.ended, std::vector<std::string>{"aten::linear"});
 }
 
 TEST_F(OpCallbacks, QuietStretchHidesOpsUntilItEnds) {
