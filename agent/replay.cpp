@@ -304,8 +304,8 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
 // hands what the dispatcher returned to autograd::make_variable, which wraps it in a new
 // TensorImpl with a version counter of its own unless it owns the first and its counter alone
 // (op_end keeps no copy of that counter, so it mostly does; another observer may hold the
-// output): the script's tensor is not the op's output our end callback saw, which dies at once. The same
-// storage, laid out alike, unwritten through either counter since the op ended: the same
+// output): the script's tensor is then not the op's output our end callback saw, which dies at
+// once. The same storage, laid out alike, and `t` unwritten since it was made: the same
 // contents. The slot takes the script's tensor as its own, so the op that fills it in place
 // (gumbel_softmax's exponential_) finds its input's producer instead of an external to copy.
 std::pair<int64_t, int64_t> Replayer::adopt_rewrapped(const at::Tensor& t) {

@@ -15,10 +15,14 @@ TRAIN = ROOT / "examples" / "train.py"
 LAUNCHER = ROOT / "tools" / "memplan-run"
 
 
+def agent_build():
+    """The build directory the launcher loads the agent from (MEMPLAN_BUILD, else build/)."""
+    return Path(os.environ.get("MEMPLAN_BUILD", str(ROOT / "build")))
+
+
 def _env(extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPLAN_") and k != "LD_PRELOAD"}
-    env.setdefault("MEMPLAN_BUILD", os.environ.get("MEMPLAN_BUILD", str(ROOT / "build")))
-    env["MEMPLAN_BUILD"] = os.environ.get("MEMPLAN_BUILD", str(ROOT / "build"))
+    env["MEMPLAN_BUILD"] = str(agent_build())
     env.update({k: str(v) for k, v in (extra or {}).items()})
     return env
 

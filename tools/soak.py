@@ -189,7 +189,7 @@ def main():
     a = p.parse_args()
     # The launcher runs the script plainly when it finds no build (a user's training must go on):
     # every configuration would then compare plain PyTorch with itself and pass.
-    build = Path(memplan_runs._env({})["MEMPLAN_BUILD"])
+    build = memplan_runs.agent_build()
     if not (build / "libmemplan.so").is_file():
         print(f"soak: no agent build at {build} (build first, or set MEMPLAN_BUILD)", file=sys.stderr)
         return 2
