@@ -192,10 +192,7 @@ bool Agent::recording() const {
 // on the CPU it is the training thread).
 void Agent::callback_failed(const std::exception& e) {
   if (failed_.exchange(true)) return;
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
-  what = what.substr(0, what.find('\n'));
-  warn("could not follow an op of this step ({}): memplan stops planning and runs plain PyTorch from here", what);
+  warn("could not follow an op of this step ({}): memplan stops planning and runs plain PyTorch from here", brief(e));
   each_replayer([](Replayer& r) { r.give_up(); });
 }
 
@@ -207,7 +204,7 @@ void Agent::stop_after_failure() {
     try {
       replayer_->end_step();
     } catch (const std::exception& e) {
-      warn("could not restore a saved tensor after that: {}", e.what());
+      warn("could not restore a saved tensor after that: {}", brief(e));
     }
   }
   replayer_ = nullptr;

@@ -20,6 +20,7 @@
 
 #include "agent/log.h"
 #include "agent/pack_hooks.h"
+#include "agent/storage_copy.h"
 #include "hooks/op_callbacks.h"
 #include "profiler/tensor_args.h"
 
@@ -458,10 +459,14 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
     // no one can see the write. Copying it was memory the plan did not count (a CNN with
     // in-place Hardswish at its minimum budget measured +10.7% over its predicted peak).
     // Dense in any layout, not only contiguous: a channels-last one copied measured +12.1% over
-    // the prediction (CNN with Hardswish, channels-last, at its minimum budget). Cost: two
-    // refcount reads and a cached flag.
+    // the prediction (CNN with Hardswish, channels-last, at its minimum budget). Nor need it be
+    // dense: a slice of a storage it alone holds (`m[:, :k] = False` re-run) is written where it
+    // is, so the rebuilt output is a view of the whole rebuilt storage, as the forward's was,
+    // which source_of may re-view as the tensor it was a slice of. Not overlapping (an expanded
+    // tensor), which an in-place op refuses too ("too hard to tell" it accepts, and so do we: the
+    // forward wrote the same layout). Cost: two refcount reads and a stride walk.
     const bool exclusive = written && t.use_count() == 1 && t.has_storage() && t.storage().use_count() == 1 &&
-                           t.is_non_overlapping_and_dense();
+                           at::has_internal_overlap(t) != at::MemOverlap::Yes;
     // Never let a re-run write a live tensor (BatchNorm running stats, in-place ops): scratch.
     // An argument that required grad gets it again, so the re-run records and packs as the
     // original did. A written one is made a non-leaf, with grad mode on (a rebuild mostly runs
@@ -474,7 +479,17 @@ void Replayer::run_op(int64_t op, Memo& memo, int depth) {
     if (written) {
       AgentScope scope;  // not an op of the step
       at::AutoGradMode grad(requires_grad);
-      if (!exclusive) {
+      // A tensor of the step that is a slice of its storage is copied with all of it: the
+      // re-run's output is then a view of a storage like the forward's, which source_of may
+      // re-view as the tensor the slice was cut from. One from outside the step is copied alone:
+      // its storage may be far larger (a KV cache written through a slice), and no source
+      // re-views it (source_of takes dead slots on storages the step made only).
+      at::Tensor whole;
+      if (!exclusive && src.kind != TensorSource::Kind::External) whole = copy_with_storage(t);
+      if (whole.defined()) {
+        t = whole;
+        if (requires_grad) t = at::_unsafe_view(t.detach().requires_grad_(true), t.sizes());
+      } else if (!exclusive) {
         t = t.clone(at::MemoryFormat::Preserve);
       } else if (requires_grad) {
         t = at::_unsafe_view(t, t.sizes());

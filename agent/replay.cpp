@@ -8,6 +8,8 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/StorageImpl.h>
 
+#include <algorithm>
+
 #include "agent/log.h"
 #include "hooks/op_callbacks.h"
 #include "planner/rerun_ops.h"
@@ -80,7 +82,11 @@ Replayer::Replayer(const Profile& profile, planner::Plan plan)
     hold_externals_ = planner::rerun_ops(profile, planner::value_providers(profile), evicted);
   }
   for (const auto& r : plan_.recomputes) recompute_before_[r.before_bwd] = &r;
-  for (const auto& r : plan_.releases) release_after_[r.after_bwd].push_back(r.value);
+  for (const auto& r : plan_.releases) {
+    release_after_[r.after_bwd].push_back(r.value);
+    int64_t& last = last_release_.try_emplace(r.value, r.after_bwd).first->second;
+    last = std::max(last, r.after_bwd);
+  }
   // Where each planned recompute runs: a pre-hook on the autograd Node it must precede, found
   // when the forward op that creates the node ends (its sequence number relative to the op's, and
   // its name). Releases are at recompute nodes (plan_builder): the same hook does them. A node
@@ -253,27 +259,49 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
     // reference) while an earlier view of the same storage lives on (the `v` of q, k, v split
     // from one projection, which this op reads). Taking only the latest left the pack without
     // a source: kept, not evicted, over the budget (1 of 9 evictions in some GPT-2 plans).
+    //
+    // Failing a live one, the latest dead one at this version, on a storage an op of this step
+    // made: the slice a script wrote through (`m[:, :k] = False`, then `m.logical_not()`) is
+    // gone, and `m`'s own slot is at the version before the write. The fill_'s output is `m`'s
+    // contents laid out otherwise, and its rebuild (ones_like, slice, fill_ in place: run_op
+    // writes a view it alone holds where it is) is `m`'s storage again. A slot's weak reference
+    // keeps its storage's address from reuse: the same key, the same storage. Without this, `m`
+    // was an external held to the step's end, which the plan does not count (+7.9% over the
+    // prediction in the first replayed step, 512 KiB a layer, then a re-plan). Not on a storage
+    // from outside (a KV cache written through a slice): its rebuild would copy all of it.
     // Cost: one entry per output viewing the storage (a handful), a weak lock for each newer one.
-    std::pair<int64_t, int64_t> found{-1, -1};
+    std::pair<int64_t, int64_t> found{-1, -1}, found_dead{-1, -1};
+    bool made_here = false;
     c10::intrusive_ptr<c10::TensorImpl> base;
     const auto [first, last] = slot_by_storage_.equal_range(t.storage().unsafeGetStorageImpl());
     for (auto st = first; st != last; ++st) {
       const auto [o, k] = st->second;
-      if (st->second <= found || static_cast<size_t>(k) >= slots_[o].size()) continue;
+      if (static_cast<size_t>(k) >= slots_[o].size()) continue;
       const Slot& s = slots_[o][k];
+      made_here = made_here || s.made_storage;
+      if (st->second <= found) continue;
       // Views share their base's version counter: equal versions mean no unrecorded write since.
-      if (s.version != version) continue;
+      // Another dtype is no view as_strided can make (resolve re-views the slot's tensor).
+      if (s.version != version || s.options.dtype() != t.dtype()) continue;
       if (auto impl = s.impl.lock()) {
         found = st->second;
         base = std::move(impl);
+      } else if (st->second > found_dead && s.counter.enabled() &&
+                 s.storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl()) {
+        found_dead = st->second;
       }
     }
-    if (base) {
+    if (found.first < 0 && made_here) found = found_dead;
+    if (found.first >= 0) {
+      const Slot& s = slots_[found.first][found.second];
       src.kind = TensorSource::Kind::Slot;
       src.op = found.first;
       src.index = found.second;
-      at::Tensor b = at::Tensor(std::move(base));
-      if (!same_layout(b, t)) {
+      // The live tensor's layout, which may have moved since its op (resize_); the dead one's as
+      // its op left it, which is what a rebuild makes.
+      const bool same = base ? same_layout(at::Tensor(std::move(base)), t)
+                             : t.sizes().equals(s.sizes) && t.strides().equals(s.strides) && t.storage_offset() == s.offset;
+      if (!same) {
         src.view = true;
         src.sizes.assign(t.sizes().begin(), t.sizes().end());
         src.strides.assign(t.strides().begin(), t.strides().end());
@@ -389,6 +417,12 @@ void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool rand
   moment_copies_.clear();
   op_running_ = true;
   note_writes(fn, op_writes);
+  input_storages_.clear();  // keeps its capacity: no allocation after the first ops
+  for (const c10::IValue& iv : fn.inputs()) {
+    for_each_tensor(iv, [&](const at::Tensor& in) {
+      if (in.defined() && in.has_storage()) input_storages_.push_back(in.storage().unsafeGetStorageImpl());
+    });
+  }
   before_write(fn, op_writes);
   if (!unhooked_.empty()) look_again(fn);
   Recipe& r = recipes_[op];
@@ -548,6 +582,10 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool droppe
         s.strides.assign(t.strides().begin(), t.strides().end());
         s.offset = t.storage_offset();
         s.options = t.options();
+        // No input on the same storage: what source_of may rebuild as a whole. Cost: a pointer
+        // compare per input tensor.
+        s.made_storage = std::find(input_storages_.begin(), input_storages_.end(),
+                                   t.storage().unsafeGetStorageImpl()) == input_storages_.end();
       }
       if (!opaque) {
         slot_by_impl_[t.unsafeGetTensorImpl()] = {op, static_cast<int64_t>(k)};
@@ -763,7 +801,7 @@ void Replayer::end_step() {
           count_uses(s->source, memo, 0);
           rebuild(*s, memo);
         } catch (const std::exception& e) {
-          log_once("end-rebuild", LogLevel::Warn, std::string("could not restore a saved tensor: ") + e.what());
+          log_once("end-rebuild", LogLevel::Warn, "could not restore a saved tensor: " + brief(e));
         }
       }
     }

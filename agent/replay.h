@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <c10/util/Exception.h>
 
 #include <chrono>
 #include <cstdint>
@@ -42,6 +43,13 @@ namespace memplan {
 inline bool same_layout(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) &&
          a.storage_offset() == b.storage_offset() && a.scalar_type() == b.scalar_type();
+}
+
+// An exception's message in one line: c10::Error's what() appends a backtrace of tens of lines.
+inline std::string brief(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
+  return what.substr(0, what.find('\n'));
 }
 
 struct ReplayStats {
@@ -204,6 +212,7 @@ class Replayer {
     int64_t offset = 0;
     at::TensorOptions options;
     bool below_autograd = false;  // an unnumbered op's (a factory's): no counter kept (op_end)
+    bool made_storage = false;    // its storage is its op's (no input's: not a view, not written in place)
     // The output as a view of `storage` (its own, or one made again like it) at `at_offset`, no copy.
     at::Tensor view(c10::Storage storage, int64_t at_offset) const;
   };
@@ -293,6 +302,7 @@ class Replayer {
   bool hold_externals(int64_t op) const;
   std::unordered_map<int64_t, const planner::Recompute*> recompute_before_;
   std::unordered_map<int64_t, std::vector<int64_t>> release_after_;
+  std::unordered_map<int64_t, int64_t> last_release_;  // value -> the latest node after which a release frees it
   struct NodeAction {
     int64_t node;        // profile backward node
     int64_t seq_offset;  // its sequence number minus its forward op's first
@@ -368,6 +378,9 @@ class Replayer {
   // (guard_external); or an untracked op's (Agent::untracked_op), settled before the next op or
   // rebuild reads a version.
   std::vector<std::pair<at::Tensor, uint32_t>> writing_;
+  // The storages of the running op's input tensors, from its start (a RecordFunction's inputs are
+  // gone at its end): an output on none of them made its storage (Slot::made_storage).
+  std::vector<const c10::StorageImpl*> input_storages_;
   bool op_running_ = false;  // between a recorded op's start and end: its writes have not landed
   // Copies snapshot_external made at this moment (one op's start, or an untracked op's): the
   // storage, the tensor copied, the copy. Within a moment a storage's contents do not change, so
