@@ -75,7 +75,8 @@ struct Value {
   ValueKind kind = ValueKind::Other;
   int64_t producer = -1;            // forward op index that created it, -1 if it existed before
   std::vector<int64_t> consumers;   // forward op indices that read it, in order
-  std::vector<int64_t> saved_by;    // forward op indices whose autograd node saved it
+  std::vector<int64_t> saved_by;    // forward op indices whose autograd node saved it (none if
+                                    // its storage was gone at the forward's end: nodes that died)
   std::vector<int64_t> unpacked_by; // backward node indices that unpacked it, in order
   int64_t saved_bytes = 0;          // bytes autograd saved of it (0 unless saved_by is non-empty)
   bool held_outside = false;        // something besides autograd still referenced it after forward,

@@ -405,7 +405,15 @@ void Recorder::begin_backward() {
     Value& v = profile_.values[i];
     if (v.saved_by.empty()) continue;
     const int64_t extra = refs_beyond_packs(static_cast<int64_t>(i));
-    if (extra < 0) continue;
+    if (extra < 0) {
+      // Gone before backward began: every node that saved it died in the forward, and nothing
+      // will unpack it. max's indices in gumbel_softmax (`y.max(dim)[1]`): MaxBackward0 dies with
+      // the values output nobody uses. Counted as saved, it lived to the step's end in the
+      // planner's model, a recompute counted on it, and the replay re-ran max unpriced.
+      v.saved_by.clear();
+      v.saved_bytes = 0;
+      continue;
+    }
     v.held_outside = v.held_outside || v.kind != ValueKind::Activation || extra > 0;
   }
 }

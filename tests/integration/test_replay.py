@@ -1347,6 +1347,10 @@ def test_gumbel_noise_drawn_into_a_factorys_tensor_is_rebuilt_not_copied(runner,
     assert plan["predicted_peak_bytes"] - plan["baseline_bytes"] <= 0.6 * activations, plan
     for r in report["replay"]:
         assert r["evicted"] > 0 and r["snapshots"] == 0 and r["on_demand"] == 0, r
+        # The ops the plan prices are the ops re-run: max's indices, saved by a node that dies in
+        # the forward (its values output unused), were taken as alive to the step's end, and the
+        # replay re-ran max unpriced (90 ops a step against 78 planned).
+        assert r["ops_rerun"] == plan["rerun_ops"] * r["steps"], (r, plan["rerun_ops"])
     assert_peaks_as_predicted(report, feasible=plan["feasible"])
 
 
@@ -1402,6 +1406,7 @@ def test_plans_made_from_other_op_times_replay_as_predicted(runner):
         worst = max(measured_peaks(report))
         assert worst <= report["plan"]["predicted_peak_bytes"] * 1.01, (times, worst, report["plan"])
         assert all(r["on_demand"] == 0 for r in report["replay"]), times
+        assert all(r["ops_rerun"] == report["plan"]["rerun_ops"] * r["steps"] for r in report["replay"]), times
 
 
 def test_wrong_plan_rebuilds_on_demand(runner, plain_runs):
