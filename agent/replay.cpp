@@ -299,8 +299,7 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
       src.index = found.second;
       // The live tensor's layout, which may have moved since its op (resize_); the dead one's as
       // its op left it, which is what a rebuild makes.
-      const bool same = base ? same_layout(at::Tensor(std::move(base)), t)
-                             : t.sizes().equals(s.sizes) && t.strides().equals(s.strides) && t.storage_offset() == s.offset;
+      const bool same = base ? same_layout(at::Tensor(std::move(base)), t) : s.laid_out_as(t);
       if (!same) {
         src.view = true;
         src.sizes.assign(t.sizes().begin(), t.sizes().end());

@@ -215,6 +215,12 @@ class Replayer {
     bool made_storage = false;    // its storage is its op's (no input's: not a view, not written in place)
     // The output as a view of `storage` (its own, or one made again like it) at `at_offset`, no copy.
     at::Tensor view(c10::Storage storage, int64_t at_offset) const;
+    // Whether `t` is laid out as the output was when its op ended: sizes, strides, storage
+    // offset, dtype (what a rebuild of it makes).
+    bool laid_out_as(const at::Tensor& t) const {
+      return t.sizes().equals(sizes) && t.strides().equals(strides) && t.storage_offset() == offset &&
+             t.scalar_type() == options.dtype().toScalarType();
+    }
   };
   struct Pending {
     std::shared_ptr<SavedState> state;

@@ -236,11 +236,7 @@ void Replayer::run_recompute(int64_t node) {
         static_cast<size_t>(index) >= slots_[op].size()) {
       continue;
     }
-    const Slot& out = slots_[op][index];
-    if (saved.has_storage() && saved.sizes().equals(out.sizes) && saved.strides().equals(out.strides) &&
-        saved.storage_offset() == out.offset && saved.scalar_type() == out.options.dtype().toScalarType()) {
-      holds_[v] = Hold{saved, op, index};
-    }
+    if (saved.has_storage() && slots_[op][index].laid_out_as(saved)) holds_[v] = Hold{saved, op, index};
   }
 }
 
