@@ -388,6 +388,12 @@ class Replayer {
   // gone at its end): an output on none of them made its storage (Slot::made_storage).
   std::vector<const c10::StorageImpl*> input_storages_;
   bool op_running_ = false;  // between a recorded op's start and end: its writes have not landed
+  // Externals the running op's recipe captured first this step. An op the recorder leaves out at
+  // its end (no tensor out, no autograd node: the last step's `loss.item()` after its
+  // `loss.detach()` opened this step's window) lets them go again: they would be held, graph
+  // and all, to this step's end (forget_externals_of_dropped_op).
+  std::vector<const c10::TensorImpl*> op_externals_;
+  void forget_externals_of_dropped_op();
   // Copies snapshot_external made at this moment (one op's start, or an untracked op's): the
   // storage, the tensor copied, the copy. Within a moment a storage's contents do not change, so
   // another tensor of it laid out alike shares the copy: a weight a recipe captured and the
