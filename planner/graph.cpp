@@ -147,7 +147,14 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
       if (t.value < 0 || t.value >= nv || p.values[t.value].producer < 0) continue;
       const Op& prod = p.forward[p.values[t.value].producer];
       const auto& prov = G.providers[t.value];
-      if (std::any_of(prov.begin(), prov.end(), [&](int64_t o) { return !p.forward[o].rerunnable; })) {
+      // Read as an op that cannot be re-run wrote it, not returning it (a custom Function's
+      // mark_dirty; Recorder::note_hidden_writes): the slot of its maker is at an older version,
+      // so the reader's recipe takes it as an external too.
+      const bool hidden_write = t.from >= 0 && t.from < i && !p.forward[t.from].rerunnable &&
+                                std::find(p.forward[t.from].writes.begin(), p.forward[t.from].writes.end(),
+                                          t.value) != p.forward[t.from].writes.end();
+      if (hidden_write ||
+          std::any_of(prov.begin(), prov.end(), [&](int64_t o) { return !p.forward[o].rerunnable; })) {
         // The replay registers no output of such an op; one that writes the value in place
         // (index_put_) also leaves its producer's output stale: a reader captures it either way.
         G.unseen[t.value] = G.any_unseen = true;
@@ -245,6 +252,16 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
     for (const TensorRef& t : op.outputs) {
       if (t.value >= 0 && p.values[t.value].producer <= i) exposed[t.value].push_back({i, &t.shape});
     }
+    // An op that cannot be re-run and wrote an input it does not return (a custom Function's
+    // mark_dirty: its RecordFunction has no outputs; the recorder notes the write) left what
+    // later ops read of it: they read it from this op (TensorRef::from), which a rebuild cannot
+    // run, so what they made is kept (drop_unrebuildable).
+    if (!op.rerunnable) {
+      for (const TensorRef& t : op.inputs) {
+        if (t.value >= 0 && std::find(op.writes.begin(), op.writes.end(), t.value) != op.writes.end())
+          exposed[t.value].push_back({i, &t.shape});
+      }
+    }
     G.workspace[i] = std::max<int64_t>(0, op.peak - std::max(op.live_before, op.live_after));
     G.fwd_time_us += op.time_us;
   }
@@ -270,10 +287,14 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
 
   // An op that makes no value (FSDP2's RegisterPostBackwardFunction passes its inputs through)
   // is never run by a rebuild, which runs only what a wanted value needs: no obstacle, and a
-  // block holding it may still be re-forwarded.
+  // block holding it may still be re-forwarded. Unless it wrote one (a custom Function's
+  // mark_dirty): what later ops read of that value only it can make.
   G.rerunnable.assign(nf, 1);
   for (int64_t i = 0; i < nf; ++i)
-    G.rerunnable[i] = p.forward[i].rerunnable || (G.produces[i].empty() && p.forward[i].outputs.empty()) ? 1 : 0;
+    G.rerunnable[i] = p.forward[i].rerunnable ||
+                              (G.produces[i].empty() && p.forward[i].outputs.empty() && p.forward[i].writes.empty())
+                          ? 1
+                          : 0;
 
   // Evictable: an activation autograd saved and a later backward node unpacks, that nothing else
   // holds, that no op modifies in place after its producer (re-running that op would clobber it),

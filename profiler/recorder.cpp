@@ -281,6 +281,20 @@ void Recorder::op_start(const at::RecordFunction& fn) {
   for (const TensorRef& r : op.inputs) {
     if (r.value >= 0) push_unique(&profile_.values[r.value].consumers, idx);
   }
+  inputs_at_start_.clear();
+  if (!op.rerunnable) {
+    size_t k = 0;
+    for (const c10::IValue& iv : fn.inputs()) {
+      for_each_tensor(iv, [&](const at::Tensor& t) {
+        const size_t ref = k++;
+        if (!t.defined() || op.inputs[ref].value < 0) return;
+        const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
+        if (!vc.enabled()) return;
+        inputs_at_start_.push_back({ref, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), vc,
+                                    vc.current_version()});
+      });
+    }
+  }
   // The next number, not fn.seqNr(): an op autograd does not number (a factory) gets the empty
   // range [next, next), which keeps seq_begin_ sorted for op_of_node.
   seq_begin_.push_back(at::sequence_number::peek());
@@ -310,6 +324,7 @@ void Recorder::op_end(const at::RecordFunction& fn) {
     random_by_name_[fn.name()].always = true;
   }
   watching_rng_ = false;
+  if (!inputs_at_start_.empty()) note_hidden_writes(idx);
   op.time_us = op.cpu_us = end - op.start_us;
   op.live_after = memory_->live();
   op.peak = std::max({memory_->window_peak(), op.live_before, op.live_after});
@@ -416,6 +431,26 @@ void Recorder::begin_backward() {
     }
     v.held_outside = v.held_outside || v.kind != ValueKind::Activation || extra > 0;
   }
+}
+
+// A custom autograd.Function that writes its input in place (ctx.mark_dirty: `x.mul_(2)` under
+// its no_grad forward, unrecorded) returns that very tensor, but its RecordFunction has no
+// outputs: the next reader's input looked like what the op before had made (TensorRef::from), so
+// the planner re-ran that op and the reader on the unwritten tensor; the replay, finding the
+// tensor at another version, held it to the step's end unplanned (probe: four layers of it,
+// +44% over the prediction, then planned again). Now the write is one of the op's writes
+// (Op::writes) and the op the written tensor's later readers read it from, as for relu_: a
+// rebuild of what they made needs this op, which cannot re-run, so the planner keeps it.
+// Cost: per input tensor of such an op, one weak pointer and a counter read (full recording).
+void Recorder::note_hidden_writes(int64_t idx) {
+  Op& op = profile_.forward[idx];
+  for (InputAtStart& in : inputs_at_start_) {
+    if (in.counter.current_version() == in.version) continue;
+    const int64_t v = op.inputs[in.ref].value;
+    push_unique(&op.writes, v);
+    if (auto t = in.impl.lock()) exposed_.insert_or_assign(t.get(), Exposure{idx, std::move(in.impl)});
+  }
+  inputs_at_start_.clear();
 }
 
 // Cost: per watched value, one weak lock and a map lookup, or one expiry check (full recording

@@ -152,6 +152,17 @@ class Recorder {
     c10::weak_intrusive_ptr<c10::TensorImpl> impl;
   };
   std::unordered_map<const c10::TensorImpl*, Exposure> exposed_;
+  // The running op's input tensors with their version when it began, for an op the recorder
+  // cannot see into (Op::rerunnable false: a Python autograd.Function, a compiled region): one
+  // whose counter moved was written by it, though no schema says so (note_hidden_writes).
+  struct InputAtStart {
+    size_t ref;  // index into the op's inputs
+    c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+    c10::VariableVersion counter;
+    uint32_t version;
+  };
+  std::vector<InputAtStart> inputs_at_start_;
+  void note_hidden_writes(int64_t idx);
   std::unordered_map<const char*, RandomRule> random_by_name_;  // schema inspection cached per op name
   WritesByName writes_;  // which arguments an op may write (Op::writes)
   RngWatch rng_;

@@ -1388,6 +1388,22 @@ def test_the_last_steps_loss_read_by_an_op_left_out_of_the_step_is_not_held(runn
     assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
 
 
+@pytest.mark.parametrize("budget", ["50%", "1%"])
+def test_what_a_custom_function_wrote_in_place_is_not_re_made_without_it(runner, budget):
+    # dirty_function_step.py: ScaleInPlace.apply(h) doubles h in place (ctx.mark_dirty) under its
+    # no_grad forward; its RecordFunction shows no output, so tanh(h) looked as if it read what
+    # `+ 0` made. The plan evicted tanh's result and re-ran `+ 0` and tanh, which the replay, finding
+    # h at another version, did by holding h to the step's end, unplanned: the first replayed step
+    # ran +44% over the prediction and its kind was planned again. Now the recorder notes the
+    # write (the input's version counter moved: Op::writes) and that tanh read h from the
+    # Function, which cannot re-run: tanh's result is kept, and a recipe holding h is planned.
+    p, report = identical_script_replay(runner, "dirty_function_step.py", [], budget)
+    assert "planned again" not in p.stderr and len(report["plans"]) == 1
+    for r in report["replay"]:
+        assert r["evicted"] > 0 and r["on_demand"] == 0, r
+    assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+
+
 def test_plans_made_from_other_op_times_replay_as_predicted(runner):
     # Which plan a budget gets depends on the op times the warm-up measured, which vary from run to
     # run: gumbel_step.py at 1% ran 3.8% over its prediction in about one run in four, and had its

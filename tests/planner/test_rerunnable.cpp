@@ -254,3 +254,50 @@ TEST(Rerunnable, WhatAnOpOnASideStreamReadsOrMakesStays) {
   EXPECT_TRUE(back.forward[kGelu].side_stream);
   EXPECT_FALSE(back.forward[0].side_stream);
 }
+
+// A custom Function that writes its input in place and returns it (ctx.mark_dirty), whose
+// RecordFunction has no outputs: the recorder notes the write (Op::writes, from the input's
+// version counter) and that the next reader read the tensor from it (TensorRef::from). That
+// reader cannot be re-run on the unwritten tensor, so what it made stays, and a recipe that
+// reads the written tensor holds it (unseen). Before, the planner took the reader's input from
+// the op before the Function: it re-ran both on the unwritten tensor, which the replay refused
+// by holding it unplanned (probe: +44% over the prediction).
+//   x = linear(in)            saved by nobody
+//   Scale(x)                  writes x, returns nothing the recorder sees
+//   k = tanh(x)               saved by tanh (its output)
+//   loss = sum(k)
+TEST(Rerunnable, AReaderOfWhatAFunctionWroteInPlaceIsReadFromThatFunction) {
+  SynthBuilder b;
+  const int64_t in = b.input(1 << 18);
+  const int64_t x = b.op("aten::linear", {in, b.param(1 << 16)}, {{1 << 20}}, {in}, 40)[0];
+  b.op("Scale", {x}, {}, {}, 10);
+  const int64_t k = b.op_saving_outputs("aten::tanh", {x}, {{1 << 20}}, {}, {0}, 5)[0];
+  b.op("aten::sum", {k}, {{4}}, {}, 1);
+  Profile p = b.finish();
+  constexpr int64_t kScale = 1, kTanh = 2;
+  p.forward[kScale].rerunnable = false;
+  std::string err;
+  // As profiles were before: no write noted, the reader's input from the linear. tanh's result is
+  // evictable, rebuilt by re-running linear and tanh, which would read x unwritten.
+  Graph before;
+  ASSERT_TRUE(build_graph(p, &before, &err)) << err;
+  EXPECT_TRUE(before.evictable[k]);
+  EXPECT_FALSE(before.unseen[x]);
+  // As the recorder notes it now.
+  p.forward[kScale].writes = {x};
+  p.forward[kTanh].inputs[0].from = kScale;
+  Graph g;
+  ASSERT_TRUE(build_graph(p, &g, &err)) << err;
+  EXPECT_FALSE(g.rerunnable[kScale]);  // it makes no value, but it wrote one
+  EXPECT_TRUE(g.stuck[kTanh]);
+  EXPECT_FALSE(g.evictable[k]);
+  EXPECT_TRUE(g.unseen[x]);
+  Planner pl;
+  ASSERT_TRUE(pl.prepare(p, PlannerOptions{}, &err)) << err;
+  expect_plans_leave_alone(pl, kTanh, {k}, [](const PlanResult&) {});
+  // The profile file keeps both.
+  Profile back;
+  ASSERT_TRUE(profile_from_json(profile_to_json(p), &back, &err)) << err;
+  EXPECT_EQ(back.forward[kScale].writes, std::vector<int64_t>{x});
+  EXPECT_EQ(back.forward[kTanh].inputs[0].from, kScale);
+}
