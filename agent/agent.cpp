@@ -536,8 +536,8 @@ bool Agent::on_training_thread() const {
          (backward_depth_ > 0 && me == node_thread_.load(std::memory_order_relaxed));
 }
 
-void Agent::optimizer_step_begin(bool differentiable) {
-  if (inert_ || !on_training_thread() || differentiable || phase_ == Phase::Done) return;
+void Agent::optimizer_step_begin(bool observed) {
+  if (inert_ || !on_training_thread() || observed || phase_ == Phase::Done) return;
   quiet_ops_begin();
   opt_live_before_ = recording() && recorder_.in_step() ? recorder_.live() : -1;
 }

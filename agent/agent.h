@@ -62,8 +62,10 @@ class Agent final : public OpSink {
   bool backward_end();
   // Around torch.optim's optimizer steps (global step pre/post hooks): no op of an optimizer step
   // is recorded (no grad mode), so RecordFunction is off meanwhile (hooks/op_callbacks.h). Not
-  // for a differentiable optimizer, whose step runs under grad mode.
-  void optimizer_step_begin(bool differentiable);
+  // for a step whose ops are to be seen (`observed`): a differentiable optimizer's, which runs
+  // under grad mode, or one given a closure (LBFGS: the closure's forward and backward, each a
+  // training step, run inside the optimizer's step).
+  void optimizer_step_begin(bool observed);
   void optimizer_step_end();
   // atexit: writes the outputs that are still pending and prints the summary.
   void finish();

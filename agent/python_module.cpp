@@ -69,7 +69,7 @@ PYBIND11_MODULE(_memplan, m) {
   m.def("owns_thread", [] { return Agent::get().owns_thread(); });
   m.def("backward_begin", [](bool keeps_graph) { Agent::get().backward_begin(keeps_graph); });
   m.def("backward_end", [] { return Agent::get().backward_end(); });
-  m.def("optimizer_step_begin", [](bool differentiable) { Agent::get().optimizer_step_begin(differentiable); });
+  m.def("optimizer_step_begin", [](bool observed) { Agent::get().optimizer_step_begin(observed); });
   m.def("optimizer_step_end", [] { Agent::get().optimizer_step_end(); });
   m.def("finish", [] { Agent::get().finish(); });
   m.def("on_fork_child", [] { Agent::get().fork_child(); });

@@ -114,8 +114,15 @@ def install(torch, agent):
     except ImportError:  # older torch: the optimizer's ops are observed, as before
         pass
     else:
+        def _observed(opt, args, kwargs):
+            # A differentiable optimizer's step runs under grad mode; a step given a closure (LBFGS)
+            # runs the script's forward and backward inside it: both are seen as usual.
+            # The hook's args are step's own, self first: Optimizer.step(self, closure=None).
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")
+            return bool(opt.defaults.get("differentiable", False)) or closure is not None
+
         optimizer_hooks.append(register_optimizer_step_pre_hook(
-            lambda opt, args, kwargs: agent.optimizer_step_begin(bool(opt.defaults.get("differentiable", False)))))
+            lambda opt, args, kwargs: agent.optimizer_step_begin(_observed(opt, args, kwargs))))
         optimizer_hooks.append(register_optimizer_step_post_hook(lambda opt, args, kwargs: agent.optimizer_step_end()))
 
     os.register_at_fork(after_in_child=agent.on_fork_child)
