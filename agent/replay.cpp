@@ -203,6 +203,7 @@ void Replayer::begin_step(bool any_size) {
   drifted_ = false;
   any_size_ = any_size;
   shift_ = 0;
+  last_ended_ = -1;
   refused_ = 0;
   if (any_size) ++stats_.family_steps;
   follow_nodes_ = true;
@@ -399,6 +400,7 @@ const std::vector<char>& Replayer::written_args(const c10::FunctionSchema& schem
 
 void Replayer::op_start(const at::RecordFunction& fn, int64_t step_op, bool random, uint64_t hash,
                         uint64_t structure) {
+  if (!pending_.empty()) settle_late_packs();
   const int64_t op = at(step_op);
   // Not the profile's op here, by skip_to's own test: perhaps the first after a stretch the step
   // leaves out (skip_to decides at its end). A guess, which only makes this op keep more; the
@@ -615,6 +617,17 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool droppe
   }
   rebuildable_op_[op] = ok;
   // Saved tensors packed during this op: now that outputs are known, find their sources.
+  resolve_pending(op);
+  pending_.clear();
+  last_ended_ = op;
+  if (!diverged_) {
+    evict_after(op);
+    compact_after(op);
+    hold_after(op);
+  }
+}
+
+void Replayer::resolve_pending(int64_t op) {
   for (Pending& p : pending_) {
     TensorSource src = source_of(p.original, /*unknown_is_external=*/false);
     if (src.kind == TensorSource::Kind::None) {
@@ -624,12 +637,33 @@ void Replayer::op_end(const at::RecordFunction& fn, int64_t step_op, bool droppe
     }
     p.state->source = std::move(src);
   }
-  pending_.clear();
-  if (!diverged_) {
-    evict_after(op);
-    compact_after(op);
-    hold_after(op);
+}
+
+// Packs after op `last_ended_` ended, before the next began: a TorchScript graph's
+// DifferentiableGraphBackward saves what its ops made once its last op is done (a custom
+// Function saves at the end of apply, but what it saves no plan evicts). The recorder counts
+// them for that op, and the plan evicts them after it (planner/graph.cpp: a value lives to the
+// op that saved it), but that op's end had passed: each such eviction was skipped (a jit.script
+// activation, four layers: +76% over the prediction). Settled at the next op's start, where
+// memory is as it was after that op. Cost: per late pack, a source lookup and a scan of the op's
+// evictions.
+void Replayer::settle_late_packs() {
+  const int64_t op = last_ended_;
+  if (op >= 0) {
+    resolve_pending(op);
+    if (!diverged_ && static_cast<size_t>(op) < evict_after_.size() && !evict_after_[op].empty()) {
+      const bool changed = externals_changed();
+      const std::vector<int64_t>& planned = evict_after_[op];
+      for (Pending& p : pending_) {
+        SavedState& s = *p.state;
+        const int64_t v = planned_value(s.op, s.ordinal, p.original);
+        if (v < 0 || s.evicted || !s.tensor.defined() || std::find(planned.begin(), planned.end(), v) == planned.end())
+          continue;
+        evict_one(s, v, op, changed);
+      }
+    }
   }
+  pending_.clear();
 }
 
 void Replayer::hold_after(int64_t op) {
@@ -729,41 +763,43 @@ void Replayer::evict_after(int64_t op) {
   // eviction's chain is checked, and a value whose rebuild would read the new contents is kept.
   const bool changed = externals_changed();
   for (int64_t v : evict_after_[op]) {
-    each_resident(handles_, v, [&](SavedState& s) {
-      if (s.source.kind == TensorSource::Kind::External || !rebuildable(s.source)) {
-        ++stats_.not_rebuildable;
-        ++refused_;
-        if (under_script_mode()) {  // a TLS read, on this rare path only
-          log_once("dispatch-mode", LogLevel::Warn,
-                   "a replayed step runs under a TorchDispatchMode the script entered (its own, FlopCounterMode, "
-                   "selective activation checkpointing's): memplan does not re-run an op a mode saw, so values "
-                   "the plan evicts are kept in such a step, whose peak may pass the plan's");
-        }
-        return;
+    each_resident(handles_, v, [&](SavedState& s) { evict_one(s, v, op, changed); });
+  }
+}
+
+void Replayer::evict_one(SavedState& s, int64_t v, int64_t op, bool changed) {
+  if (s.source.kind == TensorSource::Kind::External || !rebuildable(s.source)) {
+    ++stats_.not_rebuildable;
+    ++refused_;
+    if (under_script_mode()) {  // a TLS read, on this rare path only
+      log_once("dispatch-mode", LogLevel::Warn,
+               "a replayed step runs under a TorchDispatchMode the script entered (its own, FlopCounterMode, "
+               "selective activation checkpointing's): memplan does not re-run an op a mode saw, so values "
+               "the plan evicts are kept in such a step, whose peak may pass the plan's");
+    }
+    return;
+  }
+  if (changed) {
+    std::vector<char> seen(recipes_.size(), 0);
+    if (const at::Tensor* w = chain_reads_changed_external(s.source, seen, 0)) {
+      ++stats_.not_rebuildable;
+      ++refused_;
+      if (w->defined()) {
+        log_once("external-written", LogLevel::Info,
+                 fmt::format("an input of a recomputable op ({} {}) was written in place during the step, "
+                             "unseen: values whose recomputation would read it are kept, not evicted "
+                             "(copied from the next step on)",
+                             c10::toString(w->scalar_type()), c10::str(w->sizes())));
       }
-      if (changed) {
-        std::vector<char> seen(recipes_.size(), 0);
-        if (const at::Tensor* w = chain_reads_changed_external(s.source, seen, 0)) {
-          ++stats_.not_rebuildable;
-          ++refused_;
-          if (w->defined()) {
-            log_once("external-written", LogLevel::Info,
-                     fmt::format("an input of a recomputable op ({} {}) was written in place during the step, "
-                                 "unseen: values whose recomputation would read it are kept, not evicted "
-                                 "(copied from the next step on)",
-                                 c10::toString(w->scalar_type()), c10::str(w->sizes())));
-          }
-          return;
-        }
-      }
-      drop(s);
-      ++stats_.evicted;
-      if (naming_actions()) {
-        action(fmt::format("memplan/evict value {} after op {}", v, op).c_str(), std::chrono::steady_clock::now(), false);
-      } else {
-        action("memplan/evict", {}, false);
-      }
-    });
+      return;
+    }
+  }
+  drop(s);
+  ++stats_.evicted;
+  if (naming_actions()) {
+    action(fmt::format("memplan/evict value {} after op {}", v, op).c_str(), std::chrono::steady_clock::now(), false);
+  } else {
+    action("memplan/evict", {}, false);
   }
 }
 

@@ -277,6 +277,10 @@ class Replayer {
   std::shared_ptr<SavedState> tail_mask(int64_t op, const Memo& memo) const;
   void rebuild(SavedState& s, Memo& memo);
   void evict_after(int64_t op);
+  void evict_one(SavedState& s, int64_t v, int64_t op, bool changed);
+  void resolve_pending(int64_t op);  // the sources of pending_'s packs, made during or after op `op`
+  void settle_late_packs();
+  int64_t last_ended_ = -1;  // the step's op that ended last (after skip_to), for late packs
   void attach_node_hooks(int64_t op, c10::ArrayRef<at::Tensor> outputs);
   void look_again(const at::RecordFunction& fn);
   // Hooks the nodes of `op`'s actions not yet `done` that hang off `from` (marks them done).

@@ -441,3 +441,39 @@ TEST(Simulate, RecordedPeaksPutARecomputeInTheOpOrNodeBefore) {
   EXPECT_EQ(fwd, sim.fwd_peak);
   EXPECT_EQ(bwd, sim.bwd_peak);
 }
+
+// A value saved after its last read: a TorchScript graph (DifferentiableGraphBackward) saves
+// what its ops made once its last op is done, and the pack counts for that op. The value lives
+// to there, and every plan evicts it only after that save (before, after its last read, where
+// the replay found nothing to evict).
+//   a = linear(in); b = sigmoid(a); c = mul(a, b)   -- the graph's ops; c's op saves a and b
+//   d = linear(c)                                    -- saves c
+TEST(Planner, AValueSavedAfterItsLastReadIsEvictedOnlyAfterTheSave) {
+  SynthBuilder sb;
+  const int64_t in = sb.input(1 << 18);
+  const int64_t a = sb.op("aten::linear", {in, sb.param(1 << 16)}, {{1 << 20}}, {in}, 40)[0];
+  const int64_t b = sb.op("aten::sigmoid", {a}, {{1 << 20}}, {}, 5)[0];
+  const int64_t c = sb.op("aten::mul", {a, b}, {{1 << 20}}, {a, b}, 5)[0];
+  const int64_t d = sb.op("aten::linear", {c, sb.param(1 << 16)}, {{1 << 20}}, {c}, 40)[0];
+  sb.op("aten::sum", {d}, {{4}}, {}, 1);
+  Profile p = sb.finish();
+  // As recorded: mul's node is the graph's, and its save came after one more op of the graph.
+  p.values[a].saved_by = {3};
+  p.values[b].saved_by = {3};
+  p.forward[2].packs.clear();
+  p.forward[3].packs.insert(p.forward[3].packs.begin(), {a, b});
+  Planner pl;
+  std::string err;
+  ASSERT_TRUE(pl.prepare(p, PlannerOptions{}, &err)) << err;
+  EXPECT_GE(pl.graph().last_fwd_use[a], 3);
+  EXPECT_GE(pl.graph().last_fwd_use[b], 3);
+  bool evicted = false;
+  for (const Candidate& cand : pl.candidates()) {
+    for (const Eviction& e : cand.plan.evictions) {
+      if (e.value != a && e.value != b) continue;
+      evicted = true;
+      EXPECT_GE(e.after_fwd, 3) << "slot " << cand.slot << ": value " << e.value;
+    }
+  }
+  EXPECT_TRUE(evicted);
+}
