@@ -645,7 +645,8 @@ void Replayer::resolve_pending(int64_t op) {
 // them for that op, and the plan evicts them after it (planner/graph.cpp: a value lives to the
 // op that saved it), but that op's end had passed: each such eviction was skipped (a jit.script
 // activation, four layers: +76% over the prediction). Settled at the next op's start, where
-// memory is as it was after that op. Cost: per late pack, a source lookup and a scan of the op's
+// memory is as it was after that op. Only these packs: evict_after(op) would count again the
+// op's own packs it refused. Cost: per late pack, a source lookup and a scan of the op's
 // evictions.
 void Replayer::settle_late_packs() {
   const int64_t op = last_ended_;

@@ -69,6 +69,12 @@ void find_masks(const Profile& p, Graph* g) {
   }
 }
 
+// Op `op` cannot be re-run and wrote value `v` in place without returning it (a custom
+// Function's mark_dirty: its RecordFunction has no outputs; Recorder::note_hidden_writes).
+bool hidden_write(const Op& op, int64_t v) {
+  return !op.rerunnable && std::find(op.writes.begin(), op.writes.end(), v) != op.writes.end();
+}
+
 // No value is evictable whose rebuild would need an op that cannot be re-run (Op::rerunnable):
 // rebuilding a candidate re-runs its producer, and transitively the op behind every input that
 // is not a candidate itself or that a later op re-exposed (block_ilp.h's must edges; a candidate
@@ -147,13 +153,10 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
       if (t.value < 0 || t.value >= nv || p.values[t.value].producer < 0) continue;
       const Op& prod = p.forward[p.values[t.value].producer];
       const auto& prov = G.providers[t.value];
-      // Read as an op that cannot be re-run wrote it, not returning it (a custom Function's
-      // mark_dirty; Recorder::note_hidden_writes): the slot of its maker is at an older version,
-      // so the reader's recipe takes it as an external too.
-      const bool hidden_write = t.from >= 0 && t.from < i && !p.forward[t.from].rerunnable &&
-                                std::find(p.forward[t.from].writes.begin(), p.forward[t.from].writes.end(),
-                                          t.value) != p.forward[t.from].writes.end();
-      if (hidden_write ||
+      // Read as an op that cannot be re-run wrote it (hidden_write): the slot of its maker is at
+      // an older version, so the reader's recipe takes it as an external too.
+      const bool written_unseen = t.from >= 0 && t.from < i && hidden_write(p.forward[t.from], t.value);
+      if (written_unseen ||
           std::any_of(prov.begin(), prov.end(), [&](int64_t o) { return !p.forward[o].rerunnable; })) {
         // The replay registers no output of such an op; one that writes the value in place
         // (index_put_) also leaves its producer's output stale: a reader captures it either way.
@@ -257,15 +260,11 @@ bool build_graph(const Profile& p, Graph* g, std::string* error) {
     for (const TensorRef& t : op.outputs) {
       if (t.value >= 0 && p.values[t.value].producer <= i) exposed[t.value].push_back({i, &t.shape});
     }
-    // An op that cannot be re-run and wrote an input it does not return (a custom Function's
-    // mark_dirty: its RecordFunction has no outputs; the recorder notes the write) left what
-    // later ops read of it: they read it from this op (TensorRef::from), which a rebuild cannot
-    // run, so what they made is kept (drop_unrebuildable).
-    if (!op.rerunnable) {
-      for (const TensorRef& t : op.inputs) {
-        if (t.value >= 0 && std::find(op.writes.begin(), op.writes.end(), t.value) != op.writes.end())
-          exposed[t.value].push_back({i, &t.shape});
-      }
+    // What an op that cannot be re-run wrote in place without returning it (hidden_write), later
+    // ops read from this op (TensorRef::from), which a rebuild cannot run, so what they made is
+    // kept (drop_unrebuildable).
+    for (const TensorRef& t : op.inputs) {
+      if (t.value >= 0 && hidden_write(op, t.value)) exposed[t.value].push_back({i, &t.shape});
     }
     G.workspace[i] = std::max<int64_t>(0, op.peak - std::max(op.live_before, op.live_after));
     G.fwd_time_us += op.time_us;

@@ -1372,6 +1372,15 @@ def test_a_mask_written_through_a_slice_then_read_whole_is_rebuilt_not_held(runn
     assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
 
 
+def assert_one_plan_evicting_as_predicted(p, report):
+    """One plan, never made again; every replayed step evicted, nothing rebuilt on demand, and
+    the peaks as predicted (assert_peaks_as_predicted)."""
+    assert "planned again" not in p.stderr and len(report["plans"]) == 1
+    for r in report["replay"]:
+        assert r["evicted"] > 0 and r["on_demand"] == 0, r
+    assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+
+
 @pytest.mark.parametrize("budget", ["50%", "1%"])
 def test_the_last_steps_loss_read_by_an_op_left_out_of_the_step_is_not_held(runner, budget):
     # input_grad_step.py: the input is a leaf that requires grad, so after backward the step's
@@ -1382,10 +1391,7 @@ def test_the_last_steps_loss_read_by_an_op_left_out_of_the_step_is_not_held(runn
     # `loss` was rebound: the first replayed step ran +21.6% over the prediction and its kind was
     # planned again 4 MiB higher. Now an op left out drops the externals it captured first.
     p, report = identical_script_replay(runner, "input_grad_step.py", [], budget)
-    assert "planned again" not in p.stderr and len(report["plans"]) == 1
-    for r in report["replay"]:
-        assert r["evicted"] > 0 and r["on_demand"] == 0, r
-    assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+    assert_one_plan_evicting_as_predicted(p, report)
 
 
 @pytest.mark.parametrize("budget", ["50%", "1%"])
@@ -1398,10 +1404,7 @@ def test_what_a_custom_function_wrote_in_place_is_not_re_made_without_it(runner,
     # write (the input's version counter moved: Op::writes) and that tanh read h from the
     # Function, which cannot re-run: tanh's result is kept, and a recipe holding h is planned.
     p, report = identical_script_replay(runner, "dirty_function_step.py", [], budget)
-    assert "planned again" not in p.stderr and len(report["plans"]) == 1
-    for r in report["replay"]:
-        assert r["evicted"] > 0 and r["on_demand"] == 0, r
-    assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+    assert_one_plan_evicting_as_predicted(p, report)
 
 
 @pytest.mark.parametrize("budget", ["50%", "1%"])
@@ -1418,7 +1421,7 @@ def test_an_optimizer_that_calls_the_closure_replays_every_call_as_planned(runne
     assert len(report["plans"]) == 2, report["plans"]
     for r in report["replay"]:
         assert r["evicted"] > 0 and r["on_demand"] == 0, r
-    for index in (p["index"] for p in report["plans"]):
+    for index in (pl["index"] for pl in report["plans"]):
         peaks, plan = plan_peaks(report, index)
         assert peaks and plan["predicted_peak_bytes"] < plan["unplanned_peak_bytes"], plan
         for peak in peaks:
@@ -1446,13 +1449,10 @@ def test_what_a_torchscript_graph_saves_after_its_last_op_is_evicted_as_planned(
     # a value lives to the op that saved it (planner/graph.cpp), and packs that come after an
     # op's end are evicted at the next op's start (Replayer::settle_late_packs).
     p, report = identical_script_replay(runner, "jit_step.py", [], budget)
-    assert "planned again" not in p.stderr and len(report["plans"]) == 1
+    assert_one_plan_evicting_as_predicted(p, report)
     plan = report["plan"]
     activations = plan["unplanned_peak_bytes"] - plan["baseline_bytes"]
     assert plan["predicted_peak_bytes"] - plan["baseline_bytes"] <= 0.75 * activations, plan
-    for r in report["replay"]:
-        assert r["evicted"] > 0 and r["on_demand"] == 0, r
-    assert_peaks_as_predicted(report, feasible=plan["feasible"])
 
 
 def test_plans_made_from_other_op_times_replay_as_predicted(runner):
