@@ -482,7 +482,7 @@ Saved Agent::pack(const at::Tensor& t) {
   s.output_nr = t.output_nr();
   if (!inert_ && recording() && recorder_.in_step() && backward_depth_ == 0 && on_owner_thread()) {
     OverheadTimer timer(&recorder_);
-    s.value = recorder_.on_pack(t);
+    s.value = recorder_.on_pack(t, s.tensor);
     s.step = steps_;
     each_replayer([&](Replayer& r) { r.on_pack(h.s, t, recorder_.pack_owner()); });
     if (choice_.profile || plans_[static_cast<size_t>(choice_.plan)].grads.fresh_bytes > 0) watch_param(t);

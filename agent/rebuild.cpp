@@ -192,8 +192,30 @@ void Replayer::note_writes(const at::RecordFunction& fn, const std::vector<char>
 void Replayer::settle_writes() {
   for (const auto& [t, before] : writing_) {
     if (t._version() == before) ++unbumped_[t.unsafeGetTensorImpl()];
+    if (t.has_storage()) mark_overwritten(t);
   }
   writing_.clear();
+}
+
+// A slot that shares t's counter moved with the write; one whose version stayed is another
+// tensor of the storage with a counter of its own (`x` after `x.data.sub_(m)`, or `x.data` after
+// a write through `x`). Before, a rebuild of an op that read it before the write read it live
+// as written, and one that read it after re-ran its maker: both other contents than the forward's
+// (the batch centred in place after the first layer: every gradient off by ~1e-7).
+void Replayer::mark_overwritten(const at::Tensor& t) {
+  const auto [first, last] = slot_by_storage_.equal_range(t.storage().unsafeGetStorageImpl());
+  for (auto st = first; st != last; ++st) {
+    const auto [o, k] = st->second;
+    if (static_cast<size_t>(k) >= slots_[o].size()) continue;
+    Slot& s = slots_[o][k];
+    if (s.overwritten || s.storage._unsafe_get_target() != t.storage().unsafeGetStorageImpl()) continue;
+    if (auto impl = s.impl.lock()) {
+      if (impl.get() != t.unsafeGetTensorImpl() && impl->version_counter().current_version() == s.version)
+        s.overwritten = true;
+    } else if (!s.counter.enabled() || s.counter.current_version() == s.version) {
+      s.overwritten = true;
+    }
+  }
 }
 
 void Replayer::before_write(const at::RecordFunction& fn) {
@@ -254,6 +276,7 @@ at::Tensor Replayer::Slot::view(c10::Storage storage, int64_t at_offset) const {
 // and unchanged).
 bool Replayer::slot_available(int64_t op, int64_t index) const {
   const Slot& s = slots_[op][index];
+  if (s.overwritten) return false;
   if (auto impl = s.impl.lock()) return impl->version_counter().current_version() == s.version;
   if (!s.storage.expired()) return s.counter.enabled() && s.counter.current_version() == s.version;
   return held_view(op, index, /*make=*/false).defined();

@@ -241,7 +241,7 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
   auto it = slot_by_impl_.find(t.unsafeGetTensorImpl());
   if (it != slot_by_impl_.end()) {
     const Slot& s = slots_[it->second.first][it->second.second];
-    if (!s.impl.expired() && s.version == version) {
+    if (!s.impl.expired() && s.version == version && !s.overwritten) {
       src.kind = TensorSource::Kind::Slot;
       src.op = it->second.first;
       src.index = it->second.second;
@@ -283,7 +283,7 @@ TensorSource Replayer::source_of(const at::Tensor& t, bool unknown_is_external) 
       if (st->second <= found) continue;
       // Views share their base's version counter: equal versions mean no unrecorded write since.
       // Another dtype is no view as_strided can make (resolve re-views the slot's tensor).
-      if (s.version != version || s.options.dtype() != t.dtype()) continue;
+      if (s.version != version || s.options.dtype() != t.dtype() || s.overwritten) continue;
       if (auto impl = s.impl.lock()) {
         found = st->second;
         base = std::move(impl);

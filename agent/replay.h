@@ -213,6 +213,9 @@ class Replayer {
     at::TensorOptions options;
     bool below_autograd = false;  // an unnumbered op's (a factory's): no counter kept (op_end)
     bool made_storage = false;    // its storage is its op's (no input's: not a view, not written in place)
+    // Its storage was written since, through a tensor with a counter of its own (`x.data.sub_()`),
+    // so its version says nothing of it: its contents are no longer the op's (mark_overwritten).
+    bool overwritten = false;
     // The output as a view of `storage` (its own, or one made again like it) at `at_offset`, no copy.
     at::Tensor view(c10::Storage storage, int64_t at_offset) const;
     // Whether `t` is laid out as the output was when its op ended: sizes, strides, storage
@@ -436,6 +439,9 @@ class Replayer {
   // before_write with the op's writes_.of already looked up (op_start needs them for note_writes too).
   void before_write(const at::RecordFunction& fn, const std::vector<char>& written);
   void settle_writes();
+  // After a write through `t` landed: every slot on its storage whose version did not move (a
+  // counter other than t's) is overwritten. Cost: one entry per output viewing that storage.
+  void mark_overwritten(const at::Tensor& t);
   // The external written since capture that a rebuild of `src` would read (an undefined tensor
   // for a chain that cannot be followed), or null.
   const at::Tensor* chain_reads_changed_external(const TensorSource& src, std::vector<char>& seen, int depth);

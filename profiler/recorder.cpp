@@ -43,6 +43,7 @@ void Recorder::begin_step(int64_t step_index) {
   slots_.clear();
   index_.clear();
   exposed_.clear();
+  last_write_.clear();
   current_op_ = -1;
   current_node_ = -1;
   overhead_ns_ = 0;
@@ -70,6 +71,13 @@ void Recorder::raise_baseline(int64_t bytes) {
   // which now holds the state.
   shifted_peak_ = std::max(shifted_peak_, memory_->peak()) + bytes;
 }
+
+namespace {
+// A tensor's version, 0 where its counter is off (an inference tensor's).
+uint32_t version_now(const c10::TensorImpl& t) {
+  return t.version_counter().enabled() ? t.version_counter().current_version() : 0;
+}
+}  // namespace
 
 int64_t Recorder::value_of(const at::Tensor& t, int64_t producer) {
   if (!t.defined() || !t.has_storage()) return -1;
@@ -267,13 +275,22 @@ void Recorder::op_start(const at::RecordFunction& fn) {
       size_t k = first;
       for_each_tensor(iv, [&](const at::Tensor& t) {
         auto e = exposed_.find(t.unsafeGetTensorImpl());
-        if (e != exposed_.end() && op.inputs[k].value >= 0) op.inputs[k].from = e->second.op;
+        if (e != exposed_.end() && op.inputs[k].value >= 0) {
+          op.inputs[k].from = e->second.op;
+          const auto w = last_write_.find(op.inputs[k].value);
+          if (w != last_write_.end() && w->second > e->second.op && w->second < idx &&
+              version_now(*t.unsafeGetTensorImpl()) == e->second.version)
+            op.inputs[k].from = w->second;
+        }
         ++k;
       });
     }
     if (arg < writes.size() && writes[arg]) {
       for (size_t k = first; k < op.inputs.size(); ++k) {
-        if (op.inputs[k].value >= 0) push_unique(&op.writes, op.inputs[k].value);
+        if (op.inputs[k].value >= 0) {
+          push_unique(&op.writes, op.inputs[k].value);
+          last_write_[op.inputs[k].value] = idx;
+        }
       }
     }
     ++arg;
@@ -333,7 +350,8 @@ void Recorder::op_end(const at::RecordFunction& fn) {
     for_each_tensor(iv, [&](const at::Tensor& t) {
       if (t.defined()) {
         exposed_.insert_or_assign(t.unsafeGetTensorImpl(),
-                                  Exposure{idx, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr())});
+                                  Exposure{idx, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
+                                           version_now(*t.unsafeGetTensorImpl())});
       }
     });
   }
@@ -372,7 +390,7 @@ void Recorder::op_end(const at::RecordFunction& fn) {
   packs_in_op_ = 0;
 }
 
-int64_t Recorder::on_pack(const at::Tensor& t) {
+int64_t Recorder::on_pack(const at::Tensor& t, const at::Tensor& handle) {
   // pack runs inside the op's autograd kernel; a pack outside any recorded op (a custom
   // autograd.Function saving at the end of apply) belongs to the op just finished.
   if (light_) {  // no value numbering: the replayer names packs by (op, ordinal)
@@ -387,7 +405,9 @@ int64_t Recorder::on_pack(const at::Tensor& t) {
     push_unique(&v.saved_by, op);
     profile_.forward[op].packs.push_back(id);
   }
-  if (pack_counts_[id]++ == 0 && v.kind == ValueKind::Activation) held_watch_.push_back(id);
+  auto& handles = pack_handles_[id];
+  if (handles.empty() && v.kind == ValueKind::Activation) held_watch_.push_back(id);
+  handles.push_back({op, c10::weak_intrusive_ptr<c10::TensorImpl>(handle.getIntrusivePtr())});
   ++packs_in_op_;
   v.saved_bytes = v.bytes;  // the whole storage, once however many tensors of it were saved
   return id;
@@ -415,14 +435,24 @@ void Recorder::begin_backward() {
   }
   // Whatever still holds a saved storage besides the handles autograd owns makes evicting it
   // useless: count references now, at the end of forward. Each pack handle owns one TensorImpl
-  // of that storage (its tensor_data alias).
+  // of that storage (its tensor_data alias) until its node dies.
   for (size_t i = 0; i < profile_.values.size(); ++i) {
     Value& v = profile_.values[i];
     if (v.saved_by.empty()) continue;
+    // Saved by the ops whose handles are still alive: a node that died in the forward (the
+    // values output of max nobody reads; the hidden state `out, _ = lstm(packed)` drops, and
+    // with it index_select's node that saved the sequence's unsorted indices) unpacks nothing.
+    const auto it = pack_handles_.find(static_cast<int64_t>(i));
+    std::erase_if(v.saved_by, [&](int64_t op) {
+      if (it == pack_handles_.end()) return false;
+      for (const PackHandle& h : it->second)
+        if (h.op == op && !h.impl.expired()) return false;
+      return true;
+    });
     const int64_t extra = refs_beyond_packs(static_cast<int64_t>(i));
-    if (extra < 0) {
-      // Gone before backward began: every node that saved it died in the forward, and nothing
-      // will unpack it. max's indices in gumbel_softmax (`y.max(dim)[1]`): MaxBackward0 dies with
+    if (extra < 0 || v.saved_by.empty()) {
+      // Gone before backward began, or nothing will unpack it: every node that saved it died in
+      // the forward. max's indices in gumbel_softmax (`y.max(dim)[1]`): MaxBackward0 dies with
       // the values output nobody uses. Counted as saved, it lived to the step's end in the
       // planner's model, a recompute counted on it, and the replay re-ran max unpriced.
       v.saved_by.clear();
@@ -448,7 +478,8 @@ void Recorder::note_hidden_writes(int64_t idx) {
     if (in.counter.current_version() == in.version) continue;
     const int64_t v = op.inputs[in.ref].value;
     push_unique(&op.writes, v);
-    if (auto t = in.impl.lock()) exposed_.insert_or_assign(t.get(), Exposure{idx, std::move(in.impl)});
+    last_write_[v] = idx;
+    if (auto t = in.impl.lock()) exposed_.insert_or_assign(t.get(), Exposure{idx, std::move(in.impl), version_now(*t)});
   }
   inputs_at_start_.clear();
 }
@@ -475,12 +506,15 @@ void Recorder::update_held(int64_t op) {
   input_watch_.resize(keep);
 }
 
+// Cost: a lock of the storage's weak pointer, and one expiry check per pack handle of it.
 int64_t Recorder::refs_beyond_packs(int64_t v) const {
   auto strong = slots_[v].storage.lock();
   if (!strong) return -1;
   const int64_t refs = static_cast<int64_t>(strong.use_count()) - 1;  // minus our lock
-  const auto pc = pack_counts_.find(v);
-  return refs - (pc == pack_counts_.end() ? 0 : pc->second);
+  int64_t live = 0;
+  if (const auto it = pack_handles_.find(v); it != pack_handles_.end())
+    for (const PackHandle& h : it->second) live += h.impl.expired() ? 0 : 1;
+  return refs - live;
 }
 
 void Recorder::node_start(const at::RecordFunction& fn) {
@@ -567,10 +601,11 @@ Profile Recorder::end_step() {
   profile_.structure_signature = light_ ? light_struct_sig_ : structure_signature_of(profile_.forward);
   in_step_ = false;
   in_backward_ = false;
-  pack_counts_.clear();
+  pack_handles_.clear();
   slots_.clear();
   index_.clear();
   exposed_.clear();
+  last_write_.clear();
   Profile out = std::move(profile_);
   profile_ = Profile();
   return out;

@@ -74,8 +74,10 @@ class Recorder {
   // Name of the running backward node (valid until the next node starts).
   const char* current_node_name() const { return current_node_name_; }
 
-  // A tensor autograd saves for backward, during the current forward op. Returns its value id.
-  int64_t on_pack(const at::Tensor& t);
+  // A tensor autograd saves for backward, during the current forward op; `handle` is the tensor
+  // the pack handle keeps (its own TensorImpl of t's storage, gone when the handle is).
+  // Returns its value id.
+  int64_t on_pack(const at::Tensor& t, const at::Tensor& handle);
   // A backward node read a saved value.
   void on_unpack(int64_t value);
 
@@ -150,8 +152,15 @@ class Recorder {
   struct Exposure {
     int64_t op;
     c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+    uint32_t version = 0;  // the tensor's version then
   };
   std::unordered_map<const c10::TensorImpl*, Exposure> exposed_;
+  // Per value: the last op that wrote it in place (Op::writes). A tensor read after that write,
+  // last exposed before it and at the version it had then, shares no counter with the tensor
+  // written: a write through `.data` (the batch centred by `x.data.sub_(x.data.mean())`). It holds
+  // what the write left, so it is read from the writer (TensorRef::from), not from the op that
+  // made it: re-running that op alone would give the contents from before the write.
+  std::unordered_map<int64_t, int64_t> last_write_;
   // The running op's input tensors with their version when it began, for an op the recorder
   // cannot see into (Op::rerunnable false: a Python autograd.Function, a compiled region): one
   // whose counter moved was written by it, though no schema says so (note_hidden_writes).
@@ -168,7 +177,14 @@ class Recorder {
   RngWatch rng_;
   bool watching_rng_ = false;
   bool drew_unmarked_ = false;
-  std::unordered_map<int64_t, int64_t> pack_counts_;     // per value: pack handles made
+  // Per value: the tensors its pack handles keep. A handle dies with its node (the hidden state
+  // of `out, _ = lstm(packed)`, an index_select whose result nobody reads), and with it the
+  // storage reference it held: only the live ones are autograd's (refs_beyond_packs).
+  struct PackHandle {
+    int64_t op;
+    c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+  };
+  std::unordered_map<int64_t, std::vector<PackHandle>> pack_handles_;
   // Saved values something besides autograd may still hold (full mode): checked at each op's
   // start until nothing else does (Value::held_until). Usually a handful.
   std::vector<int64_t> held_watch_;

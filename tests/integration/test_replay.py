@@ -1317,6 +1317,20 @@ def test_what_the_forward_writes_through_data_is_copied_once_and_planned_with(ru
 
 
 @pytest.mark.parametrize("budget", ["50%", "1%"])
+def test_a_tensor_made_in_the_step_and_written_through_data_is_rebuilt_as_each_op_read_it(runner, budget):
+    # data_write_step.py made: the batch is made in the step (randn(...).sin()), read by the first
+    # layer, centred in place through `x.data` (a counter of its own: x's version stays), then
+    # added to each later layer's output. A re-run of the first layer must read x as it was, and
+    # one of a later add x as written. The replay took x's slot, at its version, for unwritten:
+    # the first layer's re-run read the centred x, and every gradient came out ~1e-7 off (50% and
+    # 1%, silently). Now a write through another counter marks the storage's slots overwritten
+    # (Replayer::mark_overwritten), and the record reads the later adds' x from the write
+    # (Recorder::last_write_), so the plan re-makes x only for the first layer.
+    p, report = identical_script_replay(runner, "data_write_step.py", ["made"], budget)
+    assert_one_plan_evicting_as_predicted(p, report)
+
+
+@pytest.mark.parametrize("budget", ["50%", "1%"])
 def test_an_embedding_with_max_norm_rebuilds_its_lookup_from_the_renormalised_weight(runner, budget):
     # max_norm_step.py: nn.Embedding(max_norm=1.0) renormalises the weight's looked-up rows in
     # place through `weight.detach()` (which shares the weight's version counter) before each
@@ -1379,6 +1393,19 @@ def assert_one_plan_evicting_as_predicted(p, report):
     for r in report["replay"]:
         assert r["evicted"] > 0 and r["on_demand"] == 0, r
     assert_peaks_as_predicted(report, feasible=report["plan"]["feasible"])
+
+
+@pytest.mark.parametrize("budget", ["50%", "1%"])
+def test_an_lstm_over_packed_sequences_whose_hidden_state_is_dropped_is_planned(runner, budget):
+    # packed_lstm_step.py: `out, _ = lstm(packed)` with unsorted lengths. The unsorted indices are
+    # saved by three index_select nodes, two of which (the hidden and cell states') die with `_`.
+    # The record subtracted every pack handle ever made from the storage's references, found the
+    # indices gone before backward and cleared what saved them; backward then unpacked them, and
+    # the planner refused the profile ("unpacked in backward but saved by no forward op"): no
+    # plan, plain PyTorch at 28.1 MiB. Now only the live handles count (Recorder::pack_handles_).
+    p, report = identical_script_replay(runner, "packed_lstm_step.py", [], budget)
+    assert "no plan" not in p.stderr
+    assert_one_plan_evicting_as_predicted(p, report)
 
 
 @pytest.mark.parametrize("budget", ["50%", "1%"])
