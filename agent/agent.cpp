@@ -137,7 +137,18 @@ bool traced(const at::RecordFunction& fn) {
        TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL))) {
     return true;
   }
-  return any_input(fn, [](const at::Tensor& t) { return t.is_meta(); });
+  if (any_input(fn, [](const at::Tensor& t) { return t.is_meta(); })) return true;
+  // A factory (no tensor to tell by) that a fake tensor's kernel calls with its mode popped: made
+  // on the meta device, or of symbolic sizes. Cost: a pass over its few arguments.
+  if (fn.seqNr() >= 0) return false;
+  for (const c10::IValue& iv : fn.inputs()) {
+    if (iv.isDevice() && iv.toDevice().is_meta()) return true;
+    if (iv.isSymInt() && iv.toSymInt().is_heap_allocated()) return true;
+    if (iv.isList())
+      for (const c10::IValue& e : iv.toListRef())
+        if (e.isSymInt() && e.toSymInt().is_heap_allocated()) return true;
+  }
+  return false;
 }
 
 // An op's input elements, as OpSequence::numel counts them from a profile.

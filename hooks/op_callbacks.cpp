@@ -22,7 +22,6 @@ thread_local int tl_agent_scope = 0;
 thread_local bool tl_children_off = false;  // RecordFunction off for the current op's children
 thread_local bool tl_quiet = false;         // RecordFunction off for a quiet stretch
 thread_local const at::RecordFunction* tl_unnumbered = nullptr;  // the running top-level op, if unnumbered
-thread_local bool tl_unreported = false;  // ... and the sink does not see it (op_start)
 
 // Runs one sink call; what it throws goes to the sink, not to RecordFunction. Cost: none unless
 // it throws (zero-cost exception tables).
@@ -92,20 +91,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     // (torch.compile's "Torch-Compiled Region", "TorchDynamo Cache Lookup": the ops inside it are
     // the step's). Passed over as before, its children seen as they come.
     if (std::strncmp(fn.name(), "aten::", 6) != 0) return nullptr;
+    // Recorded, like any op: aten's factories, made like a tensor (empty_like, zeros_like,
+    // randn_like, new_zeros: the step's sizes) or from their arguments alone (torch.zeros, full,
+    // arange, randn: a buffer the forward fills through a slice, a constant, a batch drawn in the
+    // step). Left out, what one made would be an input from nowhere, held by every recipe that
+    // reads it to the step's end; recorded, a rebuild makes it again (a random one with the
+    // random numbers it drew). Their children (zeros_like's empty_like and zero_, randn's
+    // normal_) are not: the depth is taken as for any op.
     tl_unnumbered = &fn;
-    // Recorded: aten's ops made like a tensor (empty_like, zeros_like, randn_like, new_zeros: the
-    // step's sizes). Not: those made from their arguments alone (torch.randn, arange, full: a
-    // batch made in the step, a constant), which stay inputs from outside the step, held by a
-    // replay that reads them, as before. Nor their children: the depth is taken all the same
-    // (randn's normal_, seen as an op, wrote the batch in place: a copy of it kept, 1.5 MiB over
-    // the plan).
-    const auto args = fn.inputs();  // cost: a prefix compare and a tag check, for these ops only
-    tl_unreported = args.empty() || !args[0].isTensor();
-    if (tl_unreported) {
-      ++tl_depth;
-      silence_if_alone(&tl_children_off);
-      return nullptr;
-    }
   }
   if (tl_depth++ == 0) {
     // The op's children are never recorded (depth > 0, or seqNr -1): with no other observer,
@@ -130,11 +123,6 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (fn.seqNr() < 0) {
     if (&fn != tl_unnumbered) return;  // a child's end: only the op that began the depth ends it
     tl_unnumbered = nullptr;
-    if (std::exchange(tl_unreported, false)) {
-      --tl_depth;
-      restore(&tl_children_off);
-      return;
-    }
   }
   if (tl_depth > 0 && --tl_depth == 0) {
     restore(&tl_children_off);

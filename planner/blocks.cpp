@@ -9,13 +9,22 @@ namespace memplan::planner {
 
 namespace {
 
+// Whether a value made in the step can cross a cut: one that something besides autograd holds
+// past the forward (the batch and targets a script draws in the step, with torch.randint: ops of
+// the step, read by the first op and by the loss) is alive wherever a re-run reads it, as an
+// input from before the step is; counted, the targets alone would cross every cut of the chain.
+bool crosses(const Graph& g, int64_t v) {
+  const Value& val = g.prof->values[v];
+  return val.producer >= 0 && !val.held_outside;
+}
+
 // crossing[i] = non-persistent values live across the cut after op i (produced <= i, read > i).
 std::vector<int> crossings(const Graph& g) {
   std::vector<int> diff(g.n_fwd + 1, 0);
   const auto& vals = g.prof->values;
   for (size_t v = 0; v < vals.size(); ++v) {
     int64_t p = vals[v].producer;
-    if (p < 0 || g.last_fwd_use[v] <= p) continue;
+    if (!crosses(g, static_cast<int64_t>(v)) || g.last_fwd_use[v] <= p) continue;
     diff[p] += 1;
     diff[g.last_fwd_use[v]] -= 1;
   }
@@ -30,7 +39,7 @@ int64_t crossing_value(const Graph& g, int64_t i) {
   const auto& vals = g.prof->values;
   for (int64_t v = 0; v < static_cast<int64_t>(vals.size()); ++v) {
     int64_t p = vals[v].producer;
-    if (p >= 0 && p <= i && g.last_fwd_use[v] > i) return v;
+    if (crosses(g, v) && p <= i && g.last_fwd_use[v] > i) return v;
   }
   return -1;
 }

@@ -2,7 +2,8 @@
 m = torch.ones_like(h, dtype=torch.bool); m[:, :k] = False; h.masked_fill(m.logical_not(), 0).
 The write is fill_ on the slice, which dies at once, and the mask's own tensor is then at a later
 version than the op that made it. argv[1]: "whole", or "read-first" (the mask is also read
-before the write: a rebuild may need what ones_like made both as it was and as written);
+before the write: a rebuild may need what ones_like made both as it was and as written), or
+"factory" (the mask is made by torch.ones(h.shape), from its arguments alone, not like h);
 argv[2]: where to save the losses and gradients. For test_replay.py: masked_fill saves the
 mask's negation, which a plan evicts and rebuilds from the slice's write."""
 import sys
@@ -22,7 +23,7 @@ for step in range(10):
     x = torch.randn(2048, 256, generator=torch.Generator().manual_seed(1000 + step))
     for i, layer in enumerate(layers):
         h = F.gelu(layer(x))
-        m = torch.ones_like(h, dtype=torch.bool)
+        m = torch.ones(h.shape, dtype=torch.bool) if mode == "factory" else torch.ones_like(h, dtype=torch.bool)
         ones = m.float() if mode == "read-first" else 1.0
         m[:, : i + 1] = False
         x = (h * ones).masked_fill(m.logical_not(), 0.0) + h

@@ -141,11 +141,11 @@ TEST_F(OpCallbacks, AnotherObserverStillSeesTheChildren) {
 
 // What Python's torch.empty_like, torch.zeros_like, torch.randn run (torch:: factories): the aten
 // op below autograd (no node, no sequence number), then autograd::make_variable.
-// With grad mode on, one made like a tensor is a top-level op like any other (gumbel_softmax
-// fills its empty_like with exponential_), and its children (zeros_like's empty_like and zero_)
-// are not. One made from its arguments alone (randn: the step's batch) is no op of the step,
-// and neither are its children (randn's normal_, which has a tensor argument).
-TEST_F(OpCallbacks, FactoriesMadeLikeATensorAreTopLevelOpsAndTheirChildrenAreNot) {
+// With grad mode on, each is a top-level op like any other, made like a tensor (gumbel_softmax
+// fills its empty_like with exponential_) or from its arguments alone (torch.zeros: a buffer the
+// forward fills through a slice; randn: a batch drawn in the step), and its children (zeros_like's
+// empty_like and zero_, randn's normal_, which has a tensor argument) are not.
+TEST_F(OpCallbacks, FactoriesAreTopLevelOpsAndTheirChildrenAreNot) {
   at::Tensor like;
   {
     memplan::AgentScope hidden;
@@ -154,12 +154,13 @@ TEST_F(OpCallbacks, FactoriesMadeLikeATensorAreTopLevelOpsAndTheirChildrenAreNot
   torch::empty_like(like);
   torch::randn({4, 8});
   torch::zeros_like(like);
-  const std::vector<std::string> made_like{"aten::empty_like", "aten::zeros_like"};
-  EXPECT_EQ(sink_.started, made_like);
-  EXPECT_EQ(sink_.ended, made_like);
-  ASSERT_EQ(sink_.rf_enabled_inside.size(), 2u);
-  EXPECT_FALSE(sink_.rf_enabled_inside[1]);  // off for zeros_like's children
-  EXPECT_TRUE(at::isRecordFunctionEnabled());  // and back on after randn's too
+  const std::vector<std::string> made{"aten::empty_like", "aten::randn", "aten::zeros_like"};
+  EXPECT_EQ(sink_.started, made);
+  EXPECT_EQ(sink_.ended, made);
+  ASSERT_EQ(sink_.rf_enabled_inside.size(), 3u);
+  EXPECT_FALSE(sink_.rf_enabled_inside[1]);  // off for randn's children (normal_)
+  EXPECT_FALSE(sink_.rf_enabled_inside[2]);  // and for zeros_like's
+  EXPECT_TRUE(at::isRecordFunctionEnabled());  // and back on after them
   EXPECT_TRUE(sink_.untracked.empty());
   // Under no_grad they are untracked ops, as before.
   sink_.started.clear();
@@ -188,7 +189,7 @@ TEST_F(OpCallbacks, AnUnnumberedChildDoesNotEndItsParentOrBeginAnOp) {
   at::removeCallback(other);
   g_other_name = "aten::addmm";
   EXPECT_EQ(g_other_seen.load(), 1);  // the child ran, observed
-  const std::vector<std::string> ops{"aten::zeros_like", "aten::linear"};
+  const std::vector<std::string> ops{"aten::zeros_like", "aten::randn", "aten::linear"};
   EXPECT_EQ(sink_.started, ops);
   EXPECT_EQ(sink_.ended, ops);
 }
