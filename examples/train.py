@@ -208,18 +208,29 @@ def saved_bytes(loss):
     return total
 
 
+BACKWARD_RANGE = "train.py: backward"  # around the profiled step's backward call
+
+
 def top_level_forward_ops(prof):
-    """Names of the ops the user dispatched with autograd (sequence_nr >= 0, no such ancestor),
-    in order, before backward starts."""
+    """Names of the ops the user dispatched, in order, before the backward call (BACKWARD_RANGE:
+    its gradient seed, ones_like(loss), is no op of the forward): those with autograd
+    (sequence_nr >= 0) and the factories below it (torch.ones, arange: aten ops with no number),
+    each with no such ancestor."""
     names = []
-    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    end = min((e.time_range.start for e in events if e.name == BACKWARD_RANGE), default=float("inf"))
+    for e in events:
+        if e.time_range.start >= end:
+            break
         if e.name.startswith("autograd::engine") or e.name.startswith("[memory]"):
             continue
-        if getattr(e, "sequence_nr", -1) < 0 or e.is_async:
+        numbered = getattr(e, "sequence_nr", -1) >= 0
+        if not (numbered or e.name.startswith("aten::")) or e.is_async:
             continue
         p, nested = e.cpu_parent, False
         while p is not None:
-            if getattr(p, "sequence_nr", -1) >= 0 or p.name.startswith("autograd::engine"):
+            if (getattr(p, "sequence_nr", -1) >= 0 or p.name.startswith("autograd::engine")
+                    or p.name.startswith("aten::")):
                 nested = True
                 break
             p = p.cpu_parent
@@ -595,7 +606,9 @@ def main():
                 (out[0] if isinstance(out, tuple) else out).register_hook(refuse_backward)
             try:
                 with (torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
-                      if args.backward_in_user_hooks else contextlib.nullcontext()):
+                      if args.backward_in_user_hooks else contextlib.nullcontext()), \
+                     (torch.autograd.profiler.record_function(BACKWARD_RANGE)
+                      if prof is not None and step == args.profile_step else contextlib.nullcontext()):
                     backward(args, model, out, loss)
             except RuntimeError as e:
                 if "backward refused" not in str(e):
